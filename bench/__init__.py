@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks against peer libraries: ``python -m bench [--only TOPIC] [--quick]``."""

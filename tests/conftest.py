@@ -1,0 +1,17 @@
+"""Shared fixtures: seeded randomness so every random test is reproducible."""
+import pytest
+import torch
+
+
+@pytest.fixture
+def seed() -> int:
+    torch.manual_seed(0)
+    return 0
+
+
+@pytest.fixture
+def generator() -> torch.Generator:
+    return torch.Generator().manual_seed(1234)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
