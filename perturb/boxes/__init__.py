@@ -1,0 +1,30 @@
+"""Box embeddings: hard, soft and Gumbel boxes, their volumes, intersections and training losses.
+
+See ``docs/boxes.md`` for the math (Gumbel corner orientation, max-stability, the Bessel volume).
+"""
+from perturb.boxes.box import Box, join
+from perturb.boxes.embedding import BoxEmbedding
+from perturb.boxes.intersection import (containment_prob, intersection, log_containment_prob,
+                                        overlap)
+from perturb.boxes.losses import (containment_loss, log1mexp, overlap_loss, sample_negatives,
+                                  volume_regularizer)
+from perturb.boxes.volume import EULER_GAMMA, gumbel_side_length, log_gumbel_side_length, volume
+
+__all__ = [
+    "Box",
+    "join",
+    "volume",
+    "gumbel_side_length",
+    "log_gumbel_side_length",
+    "EULER_GAMMA",
+    "intersection",
+    "containment_prob",
+    "log_containment_prob",
+    "overlap",
+    "BoxEmbedding",
+    "containment_loss",
+    "overlap_loss",
+    "volume_regularizer",
+    "sample_negatives",
+    "log1mexp",
+]

@@ -1,0 +1,156 @@
+"""``BoxEmbedding``: a learnable table of boxes, one per entity."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from perturb._validation import check_choice, check_int, check_tau, validation_enabled
+from perturb.boxes.box import Box
+from perturb.boxes.intersection import containment_prob, log_containment_prob, overlap
+from perturb.boxes.volume import volume
+
+__all__ = ["BoxEmbedding"]
+
+_PARAMETERISATIONS = ("center_offset", "min_delta", "sigmoid")
+
+
+def _inv_softplus(y: torch.Tensor) -> torch.Tensor:
+    """softplus^{-1}(y) = log(expm1(y)) for y > 0."""
+    return y + torch.log(-torch.expm1(-y))
+
+
+class BoxEmbedding(nn.Module):
+    """A table of ``num_entities`` boxes in R^dim with unconstrained parameters.
+
+    ``forward(ids)`` returns the :class:`Box` of each id. Three parameterisations (two
+    ``(num_entities, dim)`` parameters each), all giving non-empty boxes for every value of the
+    parameters:
+
+    - ``"center_offset"``: ``[c − softplus(o), c + softplus(o)]`` (unbounded, the default);
+    - ``"min_delta"``: ``[m, m + softplus(δ)]`` (:meth:`Box.from_min_delta`);
+    - ``"sigmoid"``: ``lower = σ(m)``, ``upper = lower + σ(δ)(1 − lower)``: boxes that stay in
+      the unit cube ``[0, 1]^d`` (:meth:`Box.from_sigmoid`).
+
+    At initialisation each box lies inside ``[0, 1]^d``: its side in each coordinate is drawn
+    uniformly from ``init`` (a ``(min_side, max_side)`` pair, or one number) and its lower
+    corner uniformly in ``[0, 1 − side]``. The Gumbel scale ``beta`` is stored and used by the
+    convenience methods :meth:`volume`, :meth:`containment_prob` and :meth:`overlap`
+    (``beta=None`` makes them hard).
+
+    Args:
+        num_entities: number of boxes.
+        dim: dimension d of the space.
+        beta: Gumbel scale β > 0 used by the convenience methods, or None for hard boxes.
+        parameterisation: "center_offset", "min_delta" or "sigmoid".
+        init: side-length range at initialisation, within (0, 1).
+        generator: torch.Generator for the initialisation.
+        dtype, device: of the parameters.
+
+    Shape:
+        ``forward``: ids ``(*batch,)`` (integer) -> Box ``(*batch, dim)``.
+
+    Raises:
+        ValueError: ``num_entities``/``dim`` < 1, ``beta <= 0``, unknown parameterisation,
+            ``init`` outside (0, 1); in ``forward``: non-integer ids or ids out of
+            ``[0, num_entities)`` (the range check runs while validation is enabled).
+
+    Example:
+        >>> emb = BoxEmbedding(10, 4, beta=0.1, generator=torch.Generator().manual_seed(0))
+        >>> emb(torch.tensor([1, 2])).shape
+        torch.Size([2, 4])
+        >>> emb.containment_prob(torch.tensor([0]), torch.tensor([3])).shape
+        torch.Size([1])
+    """
+
+    def __init__(self, num_entities: int, dim: int, beta: float | None = 0.1,
+                 parameterisation: str = "center_offset",
+                 init: float | Sequence[float] = (0.05, 0.2), *,
+                 generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.num_entities = check_int(num_entities, "num_entities", low=1)
+        self.dim = check_int(dim, "dim", low=1)
+        if beta is not None:
+            check_tau(beta, "beta")
+            beta = float(beta)
+        self.beta = beta
+        check_choice(parameterisation, _PARAMETERISATIONS, "parameterisation")
+        self.parameterisation = parameterisation
+        if isinstance(init, (int, float)):
+            init = (float(init), float(init))
+        init = tuple(float(v) for v in init)
+        if len(init) != 2 or not (0.0 < init[0] <= init[1] < 1.0):
+            raise ValueError(f"init must be a side length or a (min_side, max_side) pair with "
+                             f"0 < min_side <= max_side < 1, got {init!r}")
+        self.init = init
+        dtype = dtype or torch.get_default_dtype()
+        shape = (self.num_entities, self.dim)
+        lo, hi = init
+        side = lo + (hi - lo) * torch.rand(shape, generator=generator, dtype=dtype)
+        lower = (1.0 - side) * torch.rand(shape, generator=generator, dtype=dtype)
+        p1, p2 = self._to_params(lower, side)
+        self.param1 = nn.Parameter(p1.to(device))
+        self.param2 = nn.Parameter(p2.to(device))
+
+    def _to_params(self, lower: torch.Tensor, side: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.parameterisation == "center_offset":
+            return lower + 0.5 * side, _inv_softplus(0.5 * side)
+        if self.parameterisation == "min_delta":
+            return lower, _inv_softplus(side)
+        frac = side / (1.0 - lower)
+        return torch.logit(lower), torch.logit(frac)
+
+    def _make_box(self, p1: torch.Tensor, p2: torch.Tensor) -> Box:
+        if self.parameterisation == "center_offset":
+            return Box.from_center_offset(p1, F.softplus(p2))
+        if self.parameterisation == "min_delta":
+            return Box.from_min_delta(p1, p2)
+        return Box.from_sigmoid(p1, p2)
+
+    def forward(self, ids: torch.Tensor) -> Box:
+        """The boxes of ``ids`` (any shape ``(*batch,)``), as a Box ``(*batch, dim)``."""
+        if not isinstance(ids, torch.Tensor):
+            raise ValueError(f"ids must be a torch.Tensor of integer ids, got "
+                             f"{type(ids).__name__}")
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise ValueError(f"ids must be an integer tensor (torch.long), got {ids.dtype}")
+        if validation_enabled() and ids.numel() > 0:
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= self.num_entities:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"ids must lie in [0, {self.num_entities}), got {bad}")
+        ids = ids.to(device=self.param1.device, dtype=torch.long)
+        return self._make_box(F.embedding(ids, self.param1), F.embedding(ids, self.param2))
+
+    def all_boxes(self) -> Box:
+        """Every entity's box, shape ``(num_entities, dim)``."""
+        return self._make_box(self.param1, self.param2)
+
+    # --------------------------------------------------------------- convenience
+    def volume(self, ids: torch.Tensor, log: bool = False) -> torch.Tensor:
+        """Volume of the boxes of ``ids``: expected Gumbel volume with ``self.beta`` (hard if
+        None)."""
+        return volume(self(ids), beta=self.beta, log=log)
+
+    def containment_prob(self, parent_ids: torch.Tensor, child_ids: torch.Tensor,
+                         log: bool = False) -> torch.Tensor:
+        """P(child ⊆ parent) with ``self.beta``; see :func:`perturb.boxes.containment_prob`."""
+        return containment_prob(self(parent_ids), self(child_ids), self.beta, log=log)
+
+    def log_containment_prob(self, parent_ids: torch.Tensor, child_ids: torch.Tensor
+                             ) -> torch.Tensor:
+        """log P(child ⊆ parent) with ``self.beta``."""
+        return log_containment_prob(self(parent_ids), self(child_ids), self.beta)
+
+    def overlap(self, ids_a: torch.Tensor, ids_b: torch.Tensor, log: bool = False
+                ) -> torch.Tensor:
+        """Jaccard-type overlap with ``self.beta``; see :func:`perturb.boxes.overlap`."""
+        return overlap(self(ids_a), self(ids_b), self.beta, log=log)
+
+    def extra_repr(self) -> str:
+        return (f"num_entities={self.num_entities}, dim={self.dim}, beta={self.beta}, "
+                f"parameterisation={self.parameterisation!r}")

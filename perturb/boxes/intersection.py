@@ -1,0 +1,276 @@
+"""Intersection of boxes, containment probability and overlap.
+
+Hard intersection: ``[max(lo_a, lo_b), min(hi_a, hi_b)]``.
+
+Gumbel intersection (max-stability). If X_lo^a ~ MaxGumbel(μ_a, β) and X_lo^b ~ MaxGumbel(μ_b, β)
+are independent then P(max ≤ t) = exp(−e^{−(t−μ_a)/β} − e^{−(t−μ_b)/β}), i.e.
+
+    max(X_lo^a, X_lo^b) ~ MaxGumbel(lse_β(μ_a, μ_b), β),   lse_β(a, b) = β·log(e^{a/β} + e^{b/β}),
+
+and likewise min(X_hi^a, X_hi^b) ~ MinGumbel(−lse_β(−μ_hi^a, −μ_hi^b), β). So the intersection
+of two Gumbel boxes is again a Gumbel box, with those corner locations, and its expected volume
+has the closed form of :func:`~perturb.boxes.volume`. (This only works with MaxGumbel lower and
+MinGumbel upper corners.) lse_β is computed as ``max(a, b) + β·log1p(exp(−|a − b|/β))``, exact
+for any β and ±1e4 coordinates.
+
+Containment: ``P(b ⊆ a) := E[Vol(a ∩ b)] / E[Vol(b)]``, the conditional probability of the box
+model (the probability, under the uniform measure, that a point of b lies in a); for Gumbel
+boxes it is the ratio of expectations (the standard Gumbel-box quantity, a first-order
+approximation of E[Vol(a ∩ b)/Vol(b)]), computed as a difference of log volumes.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from perturb._validation import check_tau
+from perturb.boxes.box import Box, _broadcast_boxes
+from perturb.boxes.volume import _log_volume
+
+__all__ = ["intersection", "containment_prob", "log_containment_prob", "overlap"]
+
+
+def _lse_correction(a: torch.Tensor, b: torch.Tensor, beta: float | torch.Tensor
+                    ) -> torch.Tensor:
+    """lse_β(a, b) − max(a, b) = β·log1p(exp(−|a − b|/β)) ∈ [0, β·log 2]."""
+    return beta * torch.log1p(torch.exp(-(a - b).abs() / beta))
+
+
+class _GumbelIntersection(torch.autograd.Function):
+    """Corners of the Gumbel intersection for a fixed scale β > 0 (one node, analytic backward).
+
+        lower = β·log(e^{lo_a/β} + e^{lo_b/β}),   upper = −β·log(e^{−hi_a/β} + e^{−hi_b/β})
+        ∂lower/∂lo_a = σ((lo_a − lo_b)/β) = 1 − ∂lower/∂lo_b
+        ∂upper/∂hi_a = σ((hi_b − hi_a)/β) = 1 − ∂upper/∂hi_b
+
+    The inputs must already have a common shape.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(lo_a: torch.Tensor, hi_a: torch.Tensor,  # type: ignore[override]
+                lo_b: torch.Tensor, hi_b: torch.Tensor, beta: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        c = 1.0 / beta
+        lower = torch.logaddexp(lo_a * c, lo_b * c).mul_(beta)
+        upper = torch.logaddexp(hi_a * -c, hi_b * -c).mul_(-beta)
+        return lower, upper
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        lo_a, hi_a, lo_b, hi_b, beta = inputs
+        ctx.save_for_backward(lo_a, hi_a, lo_b, hi_b)
+        ctx.beta = beta
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g_lower: torch.Tensor, g_upper: torch.Tensor  # type: ignore[override]
+                 ) -> tuple:
+        lo_a, hi_a, lo_b, hi_b = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        return (*_gumbel_intersection_backward(lo_a, hi_a, lo_b, hi_b, ctx.beta, g_lower,
+                                               g_upper, need[:4]), None)
+
+
+def _gumbel_intersection_backward(lo_a: torch.Tensor, hi_a: torch.Tensor, lo_b: torch.Tensor,
+                                  hi_b: torch.Tensor, beta: float, g_lower: torch.Tensor | None,
+                                  g_upper: torch.Tensor | None,
+                                  needs: tuple[bool, ...] = (True, True, True, True)) -> tuple:
+    """Gradients (lo_a, hi_a, lo_b, hi_b) of :class:`_GumbelIntersection`: softmax weights
+    σ(±(a − b)/β) times the incoming gradients (None where not needed)."""
+    c = 1.0 / beta
+    g_lo_a = g_lo_b = g_hi_a = g_hi_b = None
+    if g_lower is not None and (needs[0] or needs[2]):
+        w = torch.sigmoid((lo_a - lo_b).mul_(c))
+        g_lo_a = w.mul_(g_lower)
+        g_lo_b = g_lower - g_lo_a if needs[2] else None
+        g_lo_a = g_lo_a if needs[0] else None
+    if g_upper is not None and (needs[1] or needs[3]):
+        w = torch.sigmoid((hi_b - hi_a).mul_(c))
+        g_hi_a = w.mul_(g_upper)
+        g_hi_b = g_upper - g_hi_a if needs[3] else None
+        g_hi_a = g_hi_a if needs[1] else None
+    return g_lo_a, g_hi_a, g_lo_b, g_hi_b
+
+
+def intersection(a: Box, b: Box, beta: float | torch.Tensor | None = None) -> Box:
+    """Intersection of two batches of boxes: hard, or Gumbel with scale ``beta``.
+
+        hard (beta=None):  lower = max(lo_a, lo_b),          upper = min(hi_a, hi_b)
+        Gumbel (beta > 0): lower = β·log(e^{lo_a/β} + e^{lo_b/β}),
+                           upper = −β·log(e^{−hi_a/β} + e^{−hi_b/β})
+
+    The Gumbel form gives the locations of the intersection's corners when the lower corners
+    are MaxGumbel and the upper corners MinGumbel with scale β (max-stability; see the module
+    docstring). It tends to the hard one as β → 0. The result may be empty as a hard box.
+
+    Args:
+        a, b: the boxes (batch shapes broadcast).
+        beta: ``None`` for the hard intersection, or the Gumbel scale β > 0.
+
+    Shape:
+        ``a``, ``b``: ``(*batch, d)``; returns a box of shape ``(*batch, d)``.
+
+    Returns:
+        The intersection box.
+
+    Raises:
+        ValueError: ``beta <= 0``; different ``d``/dtype/device; non-broadcastable batches.
+
+    Example:
+        >>> a = Box(torch.tensor([0.0]), torch.tensor([2.0]))
+        >>> b = Box(torch.tensor([1.0]), torch.tensor([3.0]))
+        >>> intersection(a, b).lower, intersection(a, b, beta=0.1).lower
+        (tensor([1.]), tensor([1.0000]))
+
+    References:
+        Dasgupta et al. 2020, arXiv:2010.04831.
+    """
+    a, b = _broadcast_boxes(a, b)
+    if beta is None:
+        return Box._trusted(torch.maximum(a.lower, b.lower), torch.minimum(a.upper, b.upper))
+    check_tau(beta, "beta")
+    if not isinstance(beta, torch.Tensor):
+        return Box._trusted(*_GumbelIntersection.apply(a.lower, a.upper, b.lower, b.upper,
+                                                       float(beta)))
+    beta = beta.to(dtype=a.dtype, device=a.device)
+    return Box._trusted(torch.maximum(a.lower, b.lower) + _lse_correction(a.lower, b.lower, beta),
+                        torch.minimum(a.upper, b.upper) - _lse_correction(a.upper, b.upper, beta))
+
+
+def _log_volumes(a: Box, b: Box, beta: float | torch.Tensor | None,
+                 volume_beta: float | torch.Tensor | None,
+                 temperature: float | torch.Tensor | None, approx: bool
+                 ) -> tuple[torch.Tensor, str, float | torch.Tensor | None]:
+    """log E[Vol(a ∩ b)] and the resolved (method, volume scale) shared by containment and
+    overlap. The volumes of ``a`` and ``b`` alone are then computed on their own batch shapes
+    (not the broadcast one) and broadcast by the arithmetic."""
+    if beta is not None:
+        if temperature is not None:
+            raise ValueError("give beta (Gumbel boxes) or temperature (soft volumes), not both")
+        check_tau(beta, "beta")
+        method, vbeta = "gumbel", beta if volume_beta is None else volume_beta
+        check_tau(vbeta, "volume_beta")
+    else:
+        if volume_beta is not None:
+            raise ValueError(f"volume_beta={volume_beta!r} needs a Gumbel intersection: give "
+                             f"beta too")
+        if approx:
+            raise ValueError("approx=True is the softplus approximation of the Gumbel volume and "
+                             "needs beta")
+        method, vbeta = ("soft" if temperature is not None else "hard"), None
+    inter = intersection(a, b, beta)
+    log_inter = _log_volume(inter, method, vbeta, temperature, approx)
+    return log_inter, method, vbeta
+
+
+def log_containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = None,
+                         volume_beta: float | torch.Tensor | None = None, *,
+                         temperature: float | torch.Tensor | None = None,
+                         approx: bool = False) -> torch.Tensor:
+    """``log P(b ⊆ a) = log E[Vol(a ∩ b)] − log E[Vol(b)]``; see :func:`containment_prob`."""
+    log_inter, method, vbeta = _log_volumes(a, b, beta, volume_beta, temperature, approx)
+    log_b = _log_volume(b, method, vbeta, temperature, approx)
+    out = log_inter - log_b
+    if method == "hard":
+        # An empty hard b is contained in every box: P = 1 (0/0 otherwise).
+        out = torch.where(torch.isneginf(log_b).expand_as(out), torch.zeros_like(out), out)
+    return out.clamp(max=0.0)
+
+
+def containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = None,
+                     volume_beta: float | torch.Tensor | None = None, *,
+                     temperature: float | torch.Tensor | None = None, approx: bool = False,
+                     log: bool = False) -> torch.Tensor:
+    """Probability that ``b`` is contained in ``a``: ``P(b ⊆ a) = E[Vol(a ∩ b)] / E[Vol(b)]``.
+
+    Under the uniform measure this is the conditional probability P(a | b) of the box model:
+    the fraction of b's volume that lies in a (1 when b ⊆ a, 0 when they are disjoint, for
+    hard boxes). For Gumbel boxes both volumes are expected volumes (intersection with scale
+    ``beta``, volumes with scale ``volume_beta``, default ``beta``; box-embeddings calls them
+    intersection and volume temperatures); the ratio of expectations is the standard Gumbel-box
+    quantity, not E[Vol(a ∩ b)/Vol(b)] and not the probability of the event {B ⊆ A} for random
+    corners. Computed in log space, so it stays accurate for tiny volumes in high dimension.
+
+    Modes: ``beta`` given: Gumbel boxes (``approx=True`` uses the softplus volume); ``beta=None``
+    and ``temperature`` given: hard intersection, soft volumes; neither: hard boxes (an empty
+    ``b`` counts as contained: P = 1).
+
+    Args:
+        a: the containing ("parent") boxes.
+        b: the contained ("child") boxes.
+        beta: Gumbel intersection scale, or None.
+        volume_beta: Gumbel volume scale (default: ``beta``).
+        temperature: softplus volume temperature for soft boxes (``beta=None`` only).
+        approx: softplus approximation of the Gumbel volume.
+        log: return ``log P`` (as :func:`log_containment_prob`).
+
+    Shape:
+        ``a``, ``b``: ``(*batch, d)`` (batch shapes broadcast); returns ``(*batch,)``.
+
+    Returns:
+        P(b ⊆ a) in [0, 1] (or its log, ≤ 0).
+
+    Raises:
+        ValueError: β, T <= 0; ``beta`` and ``temperature`` both given; ``volume_beta`` or
+            ``approx`` without ``beta``; mismatched boxes.
+
+    Example:
+        >>> a = Box(torch.zeros(2), torch.ones(2))
+        >>> b = Box(torch.full((2,), 0.2), torch.full((2,), 0.8))
+        >>> containment_prob(a, b), containment_prob(a, b, beta=0.1)
+        (tensor(1.), tensor(0.8999))
+
+    References:
+        Vilnis et al. 2018, arXiv:1805.06627; Dasgupta et al. 2020, arXiv:2010.04831.
+    """
+    out = log_containment_prob(a, b, beta, volume_beta, temperature=temperature, approx=approx)
+    return out if log else torch.exp(out)
+
+
+def overlap(a: Box, b: Box, beta: float | torch.Tensor | None = None,
+            volume_beta: float | torch.Tensor | None = None, *,
+            temperature: float | torch.Tensor | None = None, approx: bool = False,
+            log: bool = False) -> torch.Tensor:
+    """Jaccard-type overlap ``E[Vol(a ∩ b)] / (E[Vol(a)] + E[Vol(b)] − E[Vol(a ∩ b)])``.
+
+    The intersection volume over the (inclusion-exclusion) union volume: 1 for identical hard
+    boxes, 0 for disjoint ones. It is a ratio of volumes, **not** the probability
+    P(a ∩ b ≠ ∅) that random boxes meet. Symmetric in ``a`` and ``b``. Computed in log space:
+    ``log U = lse(la, lb) + log(1 − exp(li − lse(la, lb)))``. For two empty hard boxes it is 0.
+
+    Args:
+        a, b: the boxes.
+        beta, volume_beta, temperature, approx: as in :func:`containment_prob`.
+        log: return the log overlap.
+
+    Shape:
+        ``a``, ``b``: ``(*batch, d)`` (batch shapes broadcast); returns ``(*batch,)``.
+
+    Returns:
+        The overlap ratio in [0, 1] (or its log).
+
+    Raises:
+        ValueError: as :func:`containment_prob`.
+
+    Example:
+        >>> a = Box(torch.tensor([0.0]), torch.tensor([2.0]))
+        >>> b = Box(torch.tensor([1.0]), torch.tensor([3.0]))
+        >>> overlap(a, b)
+        tensor(0.3333)
+    """
+    log_inter, method, vbeta = _log_volumes(a, b, beta, volume_beta, temperature, approx)
+    la = _log_volume(a, method, vbeta, temperature, approx)
+    lb = _log_volume(b, method, vbeta, temperature, approx)
+    lab = torch.logaddexp(la, lb)
+    # li <= min(la, lb) for every method, so li - lab <= -log 2: log1mexp is stable there.
+    d = (log_inter - lab).clamp(max=-math.log(2.0))
+    finite = torch.isfinite(lab)
+    d = torch.where(finite, d, torch.full_like(d, -1.0))
+    log_union = lab + torch.log(-torch.expm1(d))
+    out = torch.where(finite, log_inter - log_union, torch.full_like(d, -math.inf))
+    return out if log else torch.exp(out)

@@ -1,0 +1,401 @@
+"""Box volumes: hard, soft (softplus) and Gumbel (exact Bessel form, or its softplus approximation).
+
+All volumes are computed as sums of per-coordinate log side lengths, never as products, so
+boxes in hundreds of dimensions neither underflow nor lose their gradients; the non-log volume
+is ``exp`` of the log volume.
+
+Gumbel side length (Dasgupta et al. 2020). With the lower corner X_lo ~ MaxGumbel(μ_lo, β) and
+the upper corner X_hi ~ MinGumbel(μ_hi, β), independent, and x = μ_hi − μ_lo,
+
+    E[max(0, X_hi − X_lo)] = 2β · K0(z),    z = 2·exp(−x / (2β)),
+
+with K0 the modified Bessel function of the second kind of order 0. (With the corners the other
+way round, MinGumbel below and MaxGumbel above, this identity is false: at x = 0, β = 0.3 the
+expectation is 0.415, the formula 0.068.) We evaluate it in log space through u = log z:
+
+    log E[side] = log(2β) + g(u),    g(u) = log K0(e^u),    u = log 2 − x/(2β),
+    g'(u) = −z·K1(z)/K0(z)                      (because K0' = −K1),
+
+where K0, K1 enter only as the ratio and the log of the exponentially scaled functions
+``k0e(z) = e^z K0(z)``, ``k1e(z) = e^z K1(z)``: g(u) = log k0e(z) − z. For u < −20 (wide
+sides, x > 41β) the small-argument form K0(z) = −log(z/2) − γ + O(z² log z) is used,
+i.e. g(u) = log(log 2 − u − γ), exact to double precision there and never underflowing. For
+very inverted boxes (x ≪ 0) the true log side length is ≈ −z = −2·exp(−x/(2β)), which leaves
+the range of the dtype (float32 near x = −176β, float64 near x = −1418β). From
+u_max = 0.75·log(finfo.max) on (x ≈ −131β in float32, −1063β in float64; z ≈ 1e29 and 1e231)
+g continues along its tangent line, so values and gradients stay finite, monotone and
+continuous: exact wherever the exact value is representable with a margin, a documented linear
+extrapolation beyond.
+
+The softplus form β·log(1 + exp(x/β − 2γ)) (``approx=True``) matches the exact one
+asymptotically for x ≫ β but is several times off for separated corners: at x = −0.5, β = 0.3
+it gives 0.0174 against the exact 0.0034 (x = 0: 0.082 vs 0.068).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from perturb._validation import check_choice, check_tau
+from perturb.boxes.box import Box
+
+__all__ = ["volume", "gumbel_side_length", "log_gumbel_side_length", "EULER_GAMMA"]
+
+EULER_GAMMA = 0.5772156649015329
+_LOG2 = math.log(2.0)
+# Below this u = log z the small-argument form of K0 is exact to < 1e-17 relative.
+_SMALL_U = -20.0
+# log softplus(y) = y - exp(y)/2 + O(exp(2y)) below this y.
+_SOFTPLUS_TAIL = -30.0
+
+
+def _any(cond: torch.Tensor) -> bool:
+    """``bool(cond)`` for a 0-dim condition; True under ``torch.func.vmap`` (where data-dependent
+    branching is impossible), so the general branch-free path is taken there."""
+    try:
+        return bool(cond)
+    except RuntimeError:
+        return True
+
+
+def _u_max(dtype: torch.dtype) -> float:
+    """u beyond which g(u) = log K0(e^u) continues linearly (z = e^u ~ finfo.max^0.75)."""
+    return 0.75 * math.log(torch.finfo(dtype).max)
+
+
+def _log_k0_exp_value(u: torch.Tensor, k0e_out: list | None = None) -> torch.Tensor:
+    """g(u) = log K0(e^u) for every finite u (regimes in the module docstring).
+
+    u < −20: g = log(log 2 − u − γ); −20 ≤ u ≤ u_max: g = log k0e(z) − z, z = e^u;
+    u > u_max: the tangent line at u_max. ``k0e_out``, a list, receives k0e(z) at the clamped
+    z (for the backward, which then needs only k1e).
+    """
+    um = _u_max(u.dtype)
+    uc = u.clamp(_SMALL_U, um)
+    z = torch.exp(uc)
+    k0e = torch.special.scaled_modified_bessel_k0(z)
+    if k0e_out is not None:
+        k0e_out.append(k0e)
+    value = torch.log(k0e).sub_(z)
+    if u.numel() and _any(u.amax() > um):
+        zm = torch.tensor(um, dtype=u.dtype, device=u.device).exp()
+        slope = -zm * torch.special.scaled_modified_bessel_k1(zm) \
+            / torch.special.scaled_modified_bessel_k0(zm)
+        value = value + slope * (u - uc)
+    if u.numel() and _any(u.amin() < _SMALL_U):
+        t = (_LOG2 - EULER_GAMMA) - u.clamp(max=_SMALL_U)
+        value = torch.where(u < _SMALL_U, torch.log(t), value)
+    return value
+
+
+def _log_k0_exp_grad(u: torch.Tensor, k0e: torch.Tensor | None = None) -> torch.Tensor:
+    """g'(u) = −z K1(z)/K0(z) = −z k1e(z)/k0e(z), z = e^u (−1/(log 2 − u − γ) for u < −20,
+    constant beyond u_max). ``k0e``: k0e(z) at the clamped z when already known."""
+    z = torch.exp(u.clamp(_SMALL_U, _u_max(u.dtype)))
+    if k0e is None:
+        k0e = torch.special.scaled_modified_bessel_k0(z)
+    grad = torch.special.scaled_modified_bessel_k1(z).mul_(z).div_(k0e).neg_()
+    if u.numel() and _any(u.amin() < _SMALL_U):
+        t = (_LOG2 - EULER_GAMMA) - u.clamp(max=_SMALL_U)
+        grad = torch.where(u < _SMALL_U, -1.0 / t, grad)
+    return grad
+
+
+def _log_k0_exp_backward(u: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    """Backward of g(u) = log K0(e^u): ``grad_output · g'(u)``, g'(u) = −e^u K1(e^u)/K0(e^u)."""
+    return grad_output * _log_k0_exp_grad(u)
+
+
+class _LogK0Exp(torch.autograd.Function):
+    """g(u) = log K0(e^u) for any finite u, with g'(u) = −z·K1(z)/K0(z), z = e^u.
+
+    Forward and derivative come from the exponentially scaled Bessel functions
+    (``g = log k0e(z) − z``, ``g' = −z·k1e(z)/k0e(z)``), with the small-z asymptote
+    ``K0(z) ≈ −log(z/2) − γ`` for u < −20 and a tangent-line continuation for u > u_max
+    (see the module docstring). Once differentiable.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(u: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return _log_k0_exp_value(u)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[torch.Tensor], output: torch.Tensor) -> None:
+        (u,) = inputs
+        ctx.save_for_backward(u)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        (u,) = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None
+        return _log_k0_exp_backward(u, grad_output)
+
+
+def _log_softplus(y: torch.Tensor) -> torch.Tensor:
+    """log(softplus(y)) = log log(1 + e^y), finite for every finite y (≈ y − e^y/2 for y ≪ 0)."""
+    tail = y < _SOFTPLUS_TAIL
+    y_hi = y.clamp(min=_SOFTPLUS_TAIL)   # both branches finite (no 0·inf in the backward)
+    y_lo = y.clamp(max=_SOFTPLUS_TAIL)
+    return torch.where(tail, y_lo - 0.5 * torch.exp(y_lo), torch.log(F.softplus(y_hi)))
+
+
+def _log_softplus_value(y: torch.Tensor) -> torch.Tensor:
+    """log softplus(y), finite for every finite y (y − e^y/2 below y = −30, where softplus
+    underflows)."""
+    value = F.softplus(y).log_()
+    if y.numel() and _any(y.amin() < _SOFTPLUS_TAIL):
+        yt = y.clamp(max=_SOFTPLUS_TAIL)
+        value = torch.where(y < _SOFTPLUS_TAIL, yt - 0.5 * torch.exp(yt), value)
+    return value
+
+
+def _log_softplus_grad(y: torch.Tensor) -> torch.Tensor:
+    """d/dy log softplus(y) = σ(y)/softplus(y) (1 − e^y/2 below y = −30)."""
+    grad = torch.sigmoid(y).div_(F.softplus(y))
+    if y.numel() and _any(y.amin() < _SOFTPLUS_TAIL):
+        yt = y.clamp(max=_SOFTPLUS_TAIL)
+        grad = torch.where(y < _SOFTPLUS_TAIL, 1.0 - 0.5 * torch.exp(yt), grad)
+    return grad
+
+
+class _LogVolume(torch.autograd.Function):
+    """Fused log volume Σ_i log side(x_i), x = upper − lower, for a fixed scale s > 0.
+
+        exact=False:  side(x) = s·softplus(x/s − shift)       (soft: shift = 0; Gumbel approx:
+                                                               shift = 2γ, s = β)
+        exact=True:   side(x) = 2s·K0(2·exp(−x/(2s)))         (Gumbel, s = β)
+
+    Backward: ∂/∂upper = −∂/∂lower = g · d log side/dx with
+    d/dx log(s·softplus(y)) = σ(y)/(s·softplus(y)) (y = x/s − shift) and
+    d/dx log K0(e^u) = −g'(u)/(2s) (u = log 2 − x/(2s), g' as in :class:`_LogK0Exp`).
+    The second and third outputs are intermediates (y or u; k0e(z) for the exact form, whose
+    evaluation dominates the cost), returned non-differentiable so that the backward can reuse
+    them. Once differentiable.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(lower: torch.Tensor, upper: torch.Tensor,  # type: ignore[override]
+                scale: float, shift: float, exact: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        t = upper - lower
+        d = t.shape[-1]
+        if exact:
+            t.mul_(-0.5 / scale).add_(_LOG2)
+            k0e: list = []
+            value = _log_k0_exp_value(t, k0e)
+            aux = k0e[0]
+            const = d * math.log(2.0 * scale)
+        else:
+            t.mul_(1.0 / scale)
+            if shift:
+                t.sub_(shift)
+            value = _log_softplus_value(t)
+            aux = t.new_empty(0)
+            const = d * math.log(scale)
+        return value.sum(dim=-1).add_(const), t, aux
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        _, _, scale, _, exact = inputs
+        _, t, aux = output
+        ctx.mark_non_differentiable(t, aux)
+        ctx.save_for_backward(t, aux)
+        ctx.scale, ctx.exact = scale, exact
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor, *_: torch.Tensor  # type: ignore[override]
+                 ) -> tuple:
+        t, aux = ctx.saved_tensors
+        if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+            return None, None, None, None, None
+        g_upper = _log_volume_backward(t, grad_out, ctx.scale, ctx.exact,
+                                       aux if ctx.exact else None)
+        g_lower = -g_upper if ctx.needs_input_grad[0] else None
+        return g_lower, (g_upper if ctx.needs_input_grad[1] else None), None, None, None
+
+
+def _log_volume_backward(t: torch.Tensor, grad_out: torch.Tensor, scale: float, exact: bool,
+                         k0e: torch.Tensor | None = None) -> torch.Tensor:
+    """Gradient of :class:`_LogVolume` with respect to ``upper`` (``lower`` gets its negative).
+
+    ``t`` is the saved intermediate (u for exact, y for the softplus forms), ``grad_out`` the
+    incoming gradient of shape ``(*batch,)``, ``k0e`` the saved k0e(z) (recomputed if None).
+    """
+    if exact:
+        return _log_k0_exp_grad(t, k0e).mul_((grad_out * (-0.5 / scale)).unsqueeze(-1))
+    return _log_softplus_grad(t).mul_((grad_out / scale).unsqueeze(-1))
+
+
+def _as_scale(value: float | torch.Tensor, name: str, like: torch.Tensor) -> float | torch.Tensor:
+    check_tau(value, name)
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype=like.dtype, device=like.device)
+    return float(value)
+
+
+def _log(value: float | torch.Tensor) -> float | torch.Tensor:
+    return torch.log(value) if isinstance(value, torch.Tensor) else math.log(value)
+
+
+def log_gumbel_side_length(lower: torch.Tensor, upper: torch.Tensor,
+                           beta: float | torch.Tensor = 1.0, approx: bool = False
+                           ) -> torch.Tensor:
+    """``log E[max(0, X_hi − X_lo)]`` for Gumbel corners; see :func:`gumbel_side_length`."""
+    beta = _as_scale(beta, "beta", lower)
+    x = upper - lower
+    if approx:
+        return _log(beta) + _log_softplus(x / beta - 2.0 * EULER_GAMMA)
+    u = _LOG2 - x / (2.0 * beta)
+    return _log(2.0 * beta) + _LogK0Exp.apply(u)
+
+
+def gumbel_side_length(lower: torch.Tensor, upper: torch.Tensor,
+                       beta: float | torch.Tensor = 1.0, approx: bool = False,
+                       log: bool = False) -> torch.Tensor:
+    """Expected side length of a Gumbel interval, exactly (Bessel) or by softplus.
+
+    With X_lo ~ MaxGumbel(lower, β), X_hi ~ MinGumbel(upper, β) independent, x = upper − lower:
+
+        exact (default):  E[max(0, X_hi − X_lo)] = 2β · K0(2·exp(−x/(2β)))
+        approx=True:      β · log(1 + exp(x/β − 2γ))
+
+    The exact form is evaluated in log space (see the module docstring) and is finite, with a
+    finite gradient, for any finite separation (±1000β included). The approximation has the
+    same asymptote x − 2βγ for x ≫ β but is too large for separated corners: at x = −0.5,
+    β = 0.3 it gives 0.0174 against the exact 0.0034.
+
+    Args:
+        lower: the MaxGumbel locations μ_lo.
+        upper: the MinGumbel locations μ_hi.
+        beta: the Gumbel scale β > 0 (a number or a tensor broadcastable to the corners).
+        approx: use the softplus approximation.
+        log: return the log of the expected side length.
+
+    Shape:
+        ``lower``, ``upper``: ``(*batch, d)`` (broadcastable); returns the broadcast shape.
+
+    Returns:
+        The expected side lengths (or their logs), elementwise.
+
+    Raises:
+        ValueError: ``beta <= 0`` or not finite.
+
+    Example:
+        >>> gumbel_side_length(torch.tensor([0.0]), torch.tensor([0.0]), beta=0.3)
+        tensor([0.0683])
+
+    References:
+        Dasgupta et al., "Improving Local Identifiability in Probabilistic Box Embeddings",
+        NeurIPS 2020, arXiv:2010.04831.
+    """
+    out = log_gumbel_side_length(lower, upper, beta, approx=approx)
+    return out if log else torch.exp(out)
+
+
+def _log_hard_volume(width: torch.Tensor) -> torch.Tensor:
+    """Σ log max(w, 0); −inf (with zero gradient) when any side is empty."""
+    empty = (width <= 0).any(dim=-1)
+    safe = torch.where(width > 0, width, torch.ones_like(width))
+    logv = torch.log(safe).sum(dim=-1)
+    return torch.where(empty, torch.full_like(logv, -math.inf), logv)
+
+
+_METHODS = ("hard", "soft", "gumbel")
+
+
+def _resolve_method(method: str | None, beta: Any, temperature: Any) -> str:
+    if method is None:
+        if beta is not None and temperature is not None:
+            raise ValueError("give beta (Gumbel volume) or temperature (soft volume), not both")
+        return "gumbel" if beta is not None else "soft" if temperature is not None else "hard"
+    check_choice(method, _METHODS, "method")
+    if method != "gumbel" and beta is not None:
+        raise ValueError(f"beta is the Gumbel scale and is only used by method='gumbel', "
+                         f"got method={method!r} and beta={beta!r}")
+    if method != "soft" and temperature is not None:
+        raise ValueError(f"temperature is only used by method='soft', got method={method!r} "
+                         f"and temperature={temperature!r}")
+    return method
+
+
+def _log_volume(box: Box, method: str, beta: Any, temperature: Any, approx: bool
+                ) -> torch.Tensor:
+    if method == "hard":
+        return _log_hard_volume(box.upper - box.lower)
+    if method == "soft":
+        t = _as_scale(1.0 if temperature is None else temperature, "temperature", box.lower)
+        if not isinstance(t, torch.Tensor):
+            return _LogVolume.apply(box.lower, box.upper, t, 0.0, False)[0]
+        width = box.upper - box.lower
+        return (_log(t) + _log_softplus(width / t)).sum(dim=-1)
+    b = _as_scale(1.0 if beta is None else beta, "beta", box.lower)
+    if not isinstance(b, torch.Tensor):
+        return _LogVolume.apply(box.lower, box.upper, b, 2.0 * EULER_GAMMA if approx else 0.0,
+                                not approx)[0]
+    return log_gumbel_side_length(box.lower, box.upper, b, approx=approx).sum(dim=-1)
+
+
+def volume(box: Box, method: str | None = None, beta: float | torch.Tensor | None = None,
+           temperature: float | torch.Tensor | None = None, approx: bool = False,
+           log: bool = False) -> torch.Tensor:
+    """Volume of a batch of boxes: hard, soft (softplus) or expected Gumbel volume.
+
+        hard:    Π_i max(hi_i − lo_i, 0)
+        soft:    Π_i T·softplus((hi_i − lo_i)/T)                         (Li et al. 2019)
+        gumbel:  Π_i 2β·K0(2·exp(−(μ_hi,i − μ_lo,i)/(2β)))             (exact, default)
+                 Π_i β·softplus((μ_hi,i − μ_lo,i)/β − 2γ)               (approx=True)
+
+    The Gumbel volume is the expected volume E[Π_i max(0, X_hi,i − X_lo,i)] of a box with
+    MaxGumbel(μ_lo, β) lower and MinGumbel(μ_hi, β) upper corners (independent coordinates make
+    it the product of the expected sides, :func:`gumbel_side_length`). Every method is computed
+    as a sum of log sides; ``log=False`` returns its ``exp``. The hard log volume is ``-inf``
+    (with zero gradient) for an empty box. As β → 0 and T → 0 both smooth volumes tend to the
+    hard one.
+
+    Args:
+        box: the boxes (for Gumbel: the corner locations).
+        method: "hard", "soft" or "gumbel". ``None`` picks "gumbel" when ``beta`` is given,
+            "soft" when ``temperature`` is given, "hard" otherwise.
+        beta: Gumbel scale β > 0 (default 1.0 with ``method="gumbel"``).
+        temperature: softplus temperature T > 0 (default 1.0 with ``method="soft"``).
+        approx: Gumbel only: use the softplus approximation of the Bessel form.
+        log: return the log volume.
+
+    Shape:
+        ``box``: ``(*batch, d)``; returns ``(*batch,)``.
+
+    Returns:
+        The volumes (or log volumes).
+
+    Raises:
+        ValueError: unknown method; ``beta``/``temperature`` <= 0; ``beta`` given with a method
+            other than "gumbel" (or ``temperature`` with one other than "soft"); both given with
+            ``method=None``; ``box`` not a :class:`Box`.
+
+    Example:
+        >>> b = Box(torch.zeros(2), torch.tensor([1.0, 2.0]))
+        >>> volume(b), volume(b, beta=0.01)
+        (tensor(2.), tensor(1.9655))
+
+    References:
+        Vilnis et al. 2018 (hard boxes); Li et al. 2019, "Smoothing the Geometry of
+        Probabilistic Box Embeddings" (soft); Dasgupta et al. 2020, arXiv:2010.04831 (Gumbel).
+    """
+    if not isinstance(box, Box):
+        raise ValueError(f"box must be a Box, got {type(box).__name__}")
+    method = _resolve_method(method, beta, temperature)
+    if approx and method != "gumbel":
+        raise ValueError(f"approx=True is the softplus approximation of the Gumbel volume and "
+                         f"needs method='gumbel', got method={method!r}")
+    out = _log_volume(box, method, beta, temperature, approx)
+    return out if log else torch.exp(out)

@@ -1,0 +1,108 @@
+"""Tests of perturb/boxes/embedding.py: BoxEmbedding."""
+import pytest
+import torch
+
+from perturb._validation import set_validation
+from perturb.boxes import Box, BoxEmbedding, containment_loss, containment_prob, volume
+
+PARAMS = ["center_offset", "min_delta", "sigmoid"]
+
+
+@pytest.mark.parametrize("param", PARAMS)
+def test_init_small_boxes_in_unit_cube(param):
+    emb = BoxEmbedding(50, 8, parameterisation=param, init=(0.05, 0.2),
+                       generator=torch.Generator().manual_seed(0))
+    b = emb.all_boxes()
+    assert b.shape == (50, 8)
+    assert bool((b.lower >= 0).all()) and bool((b.upper <= 1).all())
+    w = b.width
+    assert bool((w >= 0.05 - 1e-5).all()) and bool((w <= 0.2 + 1e-5).all())
+
+
+@pytest.mark.parametrize("param", PARAMS)
+def test_forward_shapes_and_gradients(param):
+    emb = BoxEmbedding(10, 3, beta=0.1, parameterisation=param,
+                       generator=torch.Generator().manual_seed(1))
+    ids = torch.tensor([[0, 3], [9, 3]])
+    b = emb(ids)
+    assert isinstance(b, Box) and b.shape == (2, 2, 3)
+    torch.testing.assert_close(b[1, 0].lower, emb.all_boxes()[9].lower)
+    volume(b, beta=0.1, log=True).sum().backward()
+    assert emb.param1.grad is not None and emb.param2.grad is not None
+    # the volume depends on the width parameter (param2) in every parameterisation
+    touched = (emb.param2.grad.abs().sum(-1) > 0).nonzero().flatten().tolist()
+    assert touched == [0, 3, 9]
+
+
+def test_generator_reproducible_and_dtype():
+    a = BoxEmbedding(5, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    b = BoxEmbedding(5, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert a.param1.dtype == torch.float64
+    torch.testing.assert_close(a.param1, b.param1)
+    torch.testing.assert_close(a.param2, b.param2)
+
+
+def test_convenience_methods_match_functions():
+    emb = BoxEmbedding(6, 4, beta=0.2, generator=torch.Generator().manual_seed(0))
+    p, c = torch.tensor([0, 1]), torch.tensor([2, 3])
+    torch.testing.assert_close(emb.containment_prob(p, c),
+                               containment_prob(emb(p), emb(c), beta=0.2))
+    torch.testing.assert_close(emb.log_containment_prob(p, c),
+                               emb.containment_prob(p, c, log=True))
+    torch.testing.assert_close(emb.volume(p), volume(emb(p), beta=0.2))
+    assert emb.overlap(p, c).shape == (2,)
+    hard = BoxEmbedding(6, 4, beta=None, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(hard.volume(p), volume(hard(p)))
+    assert "num_entities=6" in repr(emb)
+
+
+def test_training_makes_child_contained():
+    torch.manual_seed(0)
+    emb = BoxEmbedding(2, 4, beta=0.05, generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.Adam(emb.parameters(), lr=0.05)
+    parent, child = torch.tensor([0]), torch.tensor([1])
+    p0 = emb.containment_prob(parent, child).item()
+    for _ in range(150):
+        opt.zero_grad()
+        containment_loss(emb(parent), emb(child), beta=0.05).backward()
+        opt.step()
+    p1 = emb.containment_prob(parent, child).item()
+    assert p0 < 0.1 and p1 > 0.9
+
+
+@pytest.mark.parametrize("ids,match", [
+    (torch.tensor([0, 10]), r"\[0, 10\).*10"),
+    (torch.tensor([-1]), "-1"),
+    (torch.tensor([0.0]), "integer"),
+    ([0, 1], "torch.Tensor"),
+])
+def test_bad_ids(ids, match):
+    emb = BoxEmbedding(10, 2)
+    with pytest.raises(ValueError, match=match):
+        emb(ids)
+
+
+def test_range_check_is_a_value_check():
+    emb = BoxEmbedding(10, 2)
+    with set_validation(False):
+        assert emb(torch.tensor([3])).shape == (1, 2)
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"num_entities": 0}, "num_entities"), ({"dim": 0}, "dim"), ({"beta": 0.0}, "beta"),
+    ({"parameterisation": "polar"}, "parameterisation"), ({"init": (0.2, 0.1)}, "init"),
+    ({"init": 1.5}, "init"),
+])
+def test_bad_constructor_arguments(kw, match):
+    args = {"num_entities": 3, "dim": 2, **kw}
+    with pytest.raises(ValueError, match=match):
+        BoxEmbedding(**args)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+def test_cuda_module():
+    emb = BoxEmbedding(10, 3, beta=0.1, generator=torch.Generator().manual_seed(0)).to("cuda")
+    b = emb(torch.tensor([1, 2], device="cuda"))
+    assert b.device.type == "cuda"
+    emb.containment_prob(torch.tensor([1]), torch.tensor([2])).sum().backward()
+    assert emb.param1.grad.device.type == "cuda"

@@ -1,0 +1,324 @@
+"""Tests of perturb/boxes/intersection.py: intersection, containment probability and overlap."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from perturb.boxes import (EULER_GAMMA, Box, containment_prob, intersection,
+                           log_containment_prob, overlap, volume)
+from perturb.boxes.intersection import _gumbel_intersection_backward, _GumbelIntersection
+
+F64 = torch.float64
+
+
+def _box(lo, hi, dtype=F64, grad=False):
+    return Box(torch.tensor(lo, dtype=dtype, requires_grad=grad),
+               torch.tensor(hi, dtype=dtype, requires_grad=grad))
+
+
+def _max_gumbel(mu, beta, n, gen):
+    """n samples of MaxGumbel(mu, beta) for each entry of mu: shape (n, *mu.shape)."""
+    u = torch.rand((n, *mu.shape), generator=gen, dtype=F64)
+    return mu + beta * -torch.log(-torch.log(u))
+
+
+def _min_gumbel(mu, beta, n, gen):
+    """MinGumbel(mu, beta) = −MaxGumbel(−mu, beta)."""
+    return -_max_gumbel(-mu, beta, n, gen)
+
+
+def _sample_box(box, beta, n, gen):
+    return _max_gumbel(box.lower, beta, n, gen), _min_gumbel(box.upper, beta, n, gen)
+
+
+# ---------------------------------------------------------------------- intersection
+def test_hard_intersection_values_and_broadcasting():
+    a = _box([[0.0, 0.0]], [[2.0, 1.0]])
+    b = _box([[1.0, -1.0], [3.0, 0.5]], [[3.0, 0.5], [4.0, 0.7]])
+    i = intersection(a, b)
+    assert i.shape == (2, 2)
+    torch.testing.assert_close(i.lower, torch.tensor([[1.0, 0.0], [3.0, 0.5]], dtype=F64))
+    torch.testing.assert_close(i.upper, torch.tensor([[2.0, 0.5], [2.0, 0.7]], dtype=F64))
+    torch.testing.assert_close(volume(i), torch.tensor([0.5, 0.0], dtype=F64))
+
+
+@pytest.mark.parametrize("beta", [1e-3, 0.1, 2.0])
+@pytest.mark.parametrize("tensor_beta", [False, True])
+def test_gumbel_intersection_is_scaled_logsumexp(beta, tensor_beta):
+    g = torch.Generator().manual_seed(0)
+    lo = torch.randn(2, 5, 3, generator=g, dtype=F64)
+    hi = lo + torch.rand(2, 5, 3, generator=g, dtype=F64)
+    a, b = Box(lo[0], hi[0]), Box(lo[1], hi[1])
+    bt = torch.tensor(beta, dtype=F64) if tensor_beta else beta
+    i = intersection(a, b, beta=bt)
+    torch.testing.assert_close(i.lower, beta * torch.logsumexp(lo / beta, dim=0))
+    torch.testing.assert_close(i.upper, -beta * torch.logsumexp(-hi / beta, dim=0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gumbel_intersection_stable_at_large_coordinates(dtype):
+    a = Box(torch.tensor([1e4, -1e4], dtype=dtype), torch.tensor([1e4 + 1, -1e4 + 1], dtype=dtype))
+    b = Box(torch.tensor([1e4 + 0.5, -1e4], dtype=dtype), torch.tensor([1e4 + 2, -1e4 + 3],
+                                                                       dtype=dtype))
+    for beta in (1e-3, 1.0):
+        i = intersection(a, b, beta=beta)
+        assert bool(torch.isfinite(i.lower).all()) and bool(torch.isfinite(i.upper).all())
+        assert bool((i.lower >= torch.maximum(a.lower, b.lower)).all())
+        assert bool((i.lower <= torch.maximum(a.lower, b.lower) + beta * math.log(2) + 1e-2).all())
+    torch.testing.assert_close(intersection(a, b, beta=1e-3).lower,
+                               intersection(a, b).lower, atol=1e-3 * math.log(2) + 2e-3, rtol=0)
+
+
+def test_intersection_max_stability_by_monte_carlo(generator):
+    # max of MaxGumbel lower corners ~ MaxGumbel(lse_β), min of MinGumbel upper corners ~
+    # MinGumbel(−lse_β(−·)): check the means and the CDF at a few points.
+    beta, n = 0.4, 200_000
+    a, b = _box([0.0], [1.0]), _box([0.3], [1.5])
+    i = intersection(a, b, beta=beta)
+    lo = torch.maximum(_max_gumbel(a.lower, beta, n, generator),
+                       _max_gumbel(b.lower, beta, n, generator))[:, 0]
+    hi = torch.minimum(_min_gumbel(a.upper, beta, n, generator),
+                       _min_gumbel(b.upper, beta, n, generator))[:, 0]
+    se_lo, se_hi = lo.std() / math.sqrt(n), hi.std() / math.sqrt(n)
+    assert abs(lo.mean() - (i.lower[0] + beta * EULER_GAMMA)) < 5 * se_lo
+    assert abs(hi.mean() - (i.upper[0] - beta * EULER_GAMMA)) < 5 * se_hi
+    for t in (-0.2, 0.4, 1.0):
+        p_lo = math.exp(-math.exp(-(t - i.lower[0].item()) / beta))
+        p_hi = 1 - math.exp(-math.exp((t - i.upper[0].item()) / beta))
+        for emp, p in (((lo <= t).double().mean().item(), p_lo),
+                       ((hi <= t).double().mean().item(), p_hi)):
+            assert abs(emp - p) < 5 * math.sqrt(p * (1 - p) / n) + 1e-12
+
+
+def test_expected_intersection_volume_by_monte_carlo(generator):
+    # E[Vol(A ∩ B)] for random Gumbel corners equals the Bessel volume of the lse box.
+    beta, n = 0.2, 200_000
+    a = _box([0.0, 0.1], [1.0, 0.8])
+    b = _box([0.4, -0.2], [1.3, 0.5])
+    la, ha = _sample_box(a, beta, n, generator)
+    lb, hb = _sample_box(b, beta, n, generator)
+    v = (torch.minimum(ha, hb) - torch.maximum(la, lb)).clamp(min=0).prod(-1)
+    want = volume(intersection(a, b, beta=beta), beta=beta).item()
+    assert abs(v.mean().item() - want) < 5 * v.std().item() / math.sqrt(n)
+
+
+# ---------------------------------------------------------------------- containment
+def test_containment_prob_is_ratio_of_expectations_by_monte_carlo(generator):
+    beta, n = 0.25, 200_000
+    a = _box([0.0, 0.0], [1.0, 1.2])
+    b = _box([0.3, 0.6], [0.9, 1.6])
+    la, ha = _sample_box(a, beta, n, generator)
+    lb, hb = _sample_box(b, beta, n, generator)
+    num = (torch.minimum(ha, hb) - torch.maximum(la, lb)).clamp(min=0).prod(-1)
+    den = (hb - lb).clamp(min=0).prod(-1)
+    m_num, m_den = num.mean().item(), den.mean().item()
+    s_num, s_den = num.std().item() / math.sqrt(n), den.std().item() / math.sqrt(n)
+    p = containment_prob(a, b, beta=beta).item()
+    assert abs(m_num - volume(intersection(a, b, beta=beta), beta=beta).item()) < 5 * s_num
+    assert abs(m_den - volume(b, beta=beta).item()) < 5 * s_den
+    rel = math.hypot(s_num / m_num, s_den / m_den)  # conservative: ignores the + correlation
+    assert abs(m_num / m_den - p) < 5 * rel * p
+
+
+def test_containment_hard_cases():
+    a = _box([[0.0, 0.0]] * 4, [[1.0, 1.0]] * 4)
+    b = _box([[0.2, 0.2], [2.0, 2.0], [0.5, 0.0], [0.5, 0.5]],
+             [[0.8, 0.8], [3.0, 3.0], [1.5, 1.0], [0.5, 0.9]])   # last one empty (width 0)
+    p = containment_prob(a, b)
+    torch.testing.assert_close(p, torch.tensor([1.0, 0.0, 0.5, 1.0], dtype=F64))
+    lp = log_containment_prob(a, b)
+    assert lp[1].item() == -math.inf and lp[0].item() == 0.0
+
+
+def test_containment_soft_and_gumbel_tend_to_hard():
+    a = _box([[0.0, 0.0]] * 3, [[1.0, 1.0]] * 3)
+    b = _box([[0.2, 0.2], [2.0, 2.0], [0.5, 0.0]], [[0.8, 0.8], [3.0, 3.0], [1.5, 1.0]])
+    hard = containment_prob(a, b)
+    torch.testing.assert_close(containment_prob(a, b, beta=1e-4), hard, atol=1e-3, rtol=0)
+    torch.testing.assert_close(containment_prob(a, b, beta=1e-4, approx=True), hard, atol=1e-3,
+                               rtol=0)
+    torch.testing.assert_close(containment_prob(a, b, temperature=1e-4), hard, atol=1e-3, rtol=0)
+
+
+def test_containment_bounds_and_volume_beta():
+    g = torch.Generator().manual_seed(1)
+    lo = torch.randn(2, 50, 4, generator=g, dtype=F64)
+    hi = lo + torch.randn(2, 50, 4, generator=g, dtype=F64)
+    a, b = Box(lo[0], hi[0]), Box(lo[1], hi[1])
+    for kw in ({"beta": 0.3}, {"beta": 0.3, "approx": True}, {"beta": 0.3, "volume_beta": 1.0},
+               {"temperature": 0.5}, {}):
+        p = containment_prob(a, b, **kw)
+        assert bool(((p >= 0) & (p <= 1)).all()), kw
+    # separate volume scale: log E[Vol_vb(a ∩_β b)] − log E[Vol_vb(b)]
+    want = (volume(intersection(a, b, beta=0.3), beta=1.0, log=True)
+            - volume(b, beta=1.0, log=True))
+    torch.testing.assert_close(log_containment_prob(a, b, 0.3, 1.0), want)
+    torch.testing.assert_close(containment_prob(a, b, 0.3, log=True),
+                               log_containment_prob(a, b, 0.3))
+
+
+def test_disjoint_boxes_gradients_hard_zero_gumbel_nonzero():
+    a = _box([0.0, 0.0], [1.0, 1.0], grad=True)
+    b = _box([2.0, 0.0], [3.0, 1.0], grad=True)
+    p_hard = containment_prob(a, b)
+    assert p_hard.item() == 0.0
+    grads = torch.autograd.grad(p_hard, (a.lower, a.upper, b.lower, b.upper), allow_unused=True)
+    assert all(g is None or g.abs().sum().item() == 0 for g in grads)
+    lp = log_containment_prob(a, b, beta=0.1)
+    assert math.isfinite(lp.item())
+    ga_hi, gb_lo = torch.autograd.grad(lp, (a.upper, b.lower))
+    # moving a's upper corner right or b's lower corner left increases P(b ⊆ a)
+    assert ga_hi[0].item() > 0 and gb_lo[0].item() < 0
+
+
+def test_nested_boxes_gradients_hard_zero_gumbel_nonzero():
+    a = _box([0.0, 0.0], [1.0, 1.0], grad=True)
+    b = _box([0.3, 0.3], [0.6, 0.6], grad=True)
+    p_hard = containment_prob(a, b)
+    assert p_hard.item() == 1.0
+    grads = torch.autograd.grad(p_hard, (a.lower, a.upper, b.lower, b.upper), allow_unused=True)
+    assert all(g is None or g.abs().sum().item() == 0 for g in grads)
+    lp = log_containment_prob(a, b, beta=0.1)
+    ga_lo, ga_hi = torch.autograd.grad(lp, (a.lower, a.upper))
+    # enlarging a increases P(b ⊆ a) even when b is already inside
+    assert bool((ga_lo < 0).all()) and bool((ga_hi > 0).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("approx", [False, True])
+def test_far_apart_boxes_finite(dtype, approx):
+    beta = 0.01
+    a = _box([[0.0, 0.0]], [[1.0, 1.0]], dtype=dtype, grad=True)
+    b = _box([[10.0 + 1.0, 0.0]], [[12.0, 1.0]], dtype=dtype, grad=True)   # gap 1000β
+    lp = log_containment_prob(a, b, beta=beta, approx=approx)
+    lo = overlap(a, b, beta=beta, approx=approx, log=True)
+    grads = torch.autograd.grad(lp.sum() + lo.sum(), (a.lower, a.upper, b.lower, b.upper))
+    assert bool(torch.isfinite(lp).all()) and bool(torch.isfinite(lo).all())
+    assert all(bool(torch.isfinite(g).all()) for g in grads)
+    assert grads[1][0, 0].item() > 0   # pull a's upper corner towards b
+
+
+def test_gradcheck_containment_and_overlap():
+    a = _box([[0.0, 0.1], [0.2, -0.3]], [[1.0, 0.9], [0.5, 0.4]], grad=True)
+    b = _box([[0.3, 0.5], [0.0, 0.0]], [[1.4, 1.1], [0.8, 0.2]], grad=True)
+    for approx in (False, True):
+        def f(la, ua, lb, ub):
+            x, y = Box(la, ua), Box(lb, ub)
+            return (log_containment_prob(x, y, 0.3, 0.5, approx=approx),
+                    overlap(x, y, 0.2, approx=approx, log=True))
+        assert torch.autograd.gradcheck(f, (a.lower, a.upper, b.lower, b.upper))
+
+
+def test_tensor_beta_path_matches_float_path():
+    a = _box([[0.0, 0.1]], [[1.0, 0.9]])
+    b = _box([[0.3, 0.5]], [[1.4, 1.1]])
+    bt = torch.tensor(0.3, dtype=F64, requires_grad=True)
+    for approx in (False, True):
+        p_t = log_containment_prob(a, b, bt, approx=approx)
+        torch.testing.assert_close(p_t, log_containment_prob(a, b, 0.3, approx=approx))
+        (g,) = torch.autograd.grad(p_t.sum(), bt)
+        assert math.isfinite(g.item())
+
+
+# ---------------------------------------------------------------------- custom backward
+def test_gumbel_intersection_function_gradcheck_and_helper():
+    g = torch.Generator().manual_seed(5)
+    x = [torch.randn(3, 4, generator=g, dtype=F64, requires_grad=True) for _ in range(4)]
+    for beta in (0.05, 1.0):
+        assert torch.autograd.gradcheck(lambda *t: _GumbelIntersection.apply(*t, beta), x)
+    # helper against autograd through the plain formula
+    gl, gu = torch.randn(3, 4, generator=g, dtype=F64), torch.randn(3, 4, generator=g, dtype=F64)
+    lower = 0.3 * torch.logaddexp(x[0] / 0.3, x[2] / 0.3)
+    upper = -0.3 * torch.logaddexp(-x[1] / 0.3, -x[3] / 0.3)
+    want = torch.autograd.grad((lower * gl).sum() + (upper * gu).sum(), x)
+    got = _gumbel_intersection_backward(*(t.detach() for t in x), 0.3, gl, gu)
+    for w, h in zip(want, got):
+        torch.testing.assert_close(h, w)
+
+
+# ---------------------------------------------------------------------- overlap
+def test_overlap_hard_values():
+    a = _box([[0.0], [0.0], [0.0], [0.0]], [[2.0], [1.0], [1.0], [0.0]])
+    b = _box([[1.0], [0.0], [2.0], [1.0]], [[3.0], [1.0], [3.0], [0.5]])
+    torch.testing.assert_close(overlap(a, b), torch.tensor([1 / 3, 1.0, 0.0, 0.0], dtype=F64))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.floats(-2, 2), min_size=6, max_size=6), st.floats(0.05, 1.0))
+def test_overlap_symmetric_bounded_and_matches_direct_formula(c, beta):
+    a = _box([c[0], c[1]], [c[0] + abs(c[2]) + 0.1, c[1] + 0.5])
+    b = _box([c[3], c[4]], [c[3] + abs(c[5]) + 0.1, c[4] + 1.0])
+    o = overlap(a, b, beta=beta)
+    torch.testing.assert_close(o, overlap(b, a, beta=beta))
+    assert 0.0 <= o.item() <= 1.0
+    vi = volume(intersection(a, b, beta=beta), beta=beta)
+    va, vb = volume(a, beta=beta), volume(b, beta=beta)
+    torch.testing.assert_close(o, vi / (va + vb - vi), rtol=1e-9, atol=1e-300)
+    # containment in each direction bounds the Jaccard ratio from above
+    assert o.item() <= min(containment_prob(a, b, beta).item(),
+                           containment_prob(b, a, beta).item()) + 1e-12
+
+
+# ---------------------------------------------------------------------- errors
+@pytest.mark.parametrize("kw,match", [
+    ({"beta": 0.0}, "^beta"), ({"beta": -0.1}, "^beta"),
+    ({"beta": 0.1, "volume_beta": 0.0}, "volume_beta"),
+    ({"volume_beta": 0.5}, "volume_beta"),
+    ({"beta": 0.1, "temperature": 0.1}, "not both"),
+    ({"approx": True}, "approx"),
+    ({"temperature": -1.0}, "temperature"),
+])
+def test_bad_arguments(kw, match):
+    a, b = _box([0.0], [1.0]), _box([0.5], [2.0])
+    with pytest.raises(ValueError, match=match):
+        containment_prob(a, b, **kw)
+
+
+def test_mismatched_boxes():
+    a = _box([0.0], [1.0])
+    with pytest.raises(ValueError, match="dimension"):
+        intersection(a, _box([0.0, 0.0], [1.0, 1.0]))
+    with pytest.raises(ValueError, match="dtype"):
+        overlap(a, _box([0.0], [1.0], dtype=torch.float32))
+    with pytest.raises(ValueError, match="broadcastable"):
+        intersection(_box([[0.0]] * 2, [[1.0]] * 2), _box([[0.0]] * 3, [[1.0]] * 3))
+    with pytest.raises(ValueError, match="Box"):
+        intersection(a, torch.zeros(1))
+    with pytest.raises(ValueError, match="beta"):
+        intersection(a, a, beta=0.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+def test_cuda_matches_cpu():
+    g = torch.Generator().manual_seed(7)
+    lo = torch.randn(2, 32, 6, generator=g)
+    hi = lo + torch.rand(2, 32, 6, generator=g)
+    outs = []
+    for dev in ("cpu", "cuda"):
+        t = [x.to(dev).requires_grad_() for x in (lo[0], hi[0], lo[1], hi[1])]
+        a, b = Box(t[0], t[1]), Box(t[2], t[3])
+        lp = log_containment_prob(a, b, beta=0.1) + overlap(a, b, beta=0.1, log=True)
+        outs.append((lp, *torch.autograd.grad(lp.sum(), t)))
+    for c, d in zip(*outs):
+        torch.testing.assert_close(d.cpu(), c, rtol=1e-4, atol=1e-5)
+
+
+def test_containment_broadcasts_all_pairs():
+    # (r, 1, d) children against (1, n, d) parents: the all-pairs matrix, computed once
+    g = torch.Generator().manual_seed(8)
+    lo = torch.rand(5, 3, generator=g, dtype=F64)
+    boxes = Box(lo, lo + 0.5 * torch.rand(5, 3, generator=g, dtype=F64))
+    parents = Box(boxes.lower.unsqueeze(0), boxes.upper.unsqueeze(0))
+    children = Box(boxes.lower[:2].unsqueeze(1), boxes.upper[:2].unsqueeze(1))
+    for kw in ({}, {"beta": 0.1}, {"temperature": 0.1}):
+        p = containment_prob(parents, children, **kw)
+        o = overlap(parents, children, **kw)
+        assert p.shape == o.shape == (2, 5)
+        for i in range(2):
+            for j in range(5):
+                torch.testing.assert_close(p[i, j], containment_prob(boxes[j], boxes[i], **kw))
+                torch.testing.assert_close(o[i, j], overlap(boxes[j], boxes[i], **kw))
+        if not kw:   # hard: every box contains itself
+            torch.testing.assert_close(p.diagonal(), torch.ones(2, dtype=F64))
