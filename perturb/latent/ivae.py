@@ -1,0 +1,137 @@
+r"""Identifiable VAE (iVAE, Khemakhem et al. 2020) and the plain VAE it is compared with.
+
+The generative model is z | u ~ N(μ(u), diag σ²(u)) (a conditionally factorial prior computed by
+a small network of the auxiliary variable u), x | z ~ p(x | f(z)). The encoder is
+q(z | x, u) = N(m(x, u), diag s²(x, u)) and training maximises the ELBO
+
+    E_q[log p(x | z) + log p(z | u) − log q(z | x, u)]     (reparameterised, one sample).
+
+With ``conditional_prior=False`` the prior is N(0, I) and the encoder sees x only: a plain VAE,
+which is not identifiable (any rotation of z gives the same marginal likelihood).
+
+Observation models (``likelihood``):
+
+- ``"gaussian"``: x = f(z) + N(0, obs_scale²).
+- ``"perturbed"``: x = σ((f(z) + ε)/T) with ε from ``noise`` (Logistic: the binary Concrete).
+  In y = T·logit(x) this is y = f(z) + ε, so log p(x | z) = log p_ε(y − f(z)) + const, using
+  ``noise.log_prob``; with ``temperature=0`` it is the binary limit x = 1[f(z) + ε > 0],
+  P(x = 1 | z) = 1 − F_ε(−f(z)), using ``noise.log_cdf``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from perturb._validation import check_choice, check_int
+from perturb.noise import Logistic, Noise
+
+__all__ = ["IVAE"]
+
+_LOG_2PI = math.log(2 * math.pi)
+
+
+def _mlp(n_in: int, n_out: int, hidden: int, n_layers: int = 2) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    d = n_in
+    for _ in range(n_layers):
+        layers += [nn.Linear(d, hidden), nn.LeakyReLU(0.2)]
+        d = hidden
+    layers.append(nn.Linear(d, n_out))
+    return nn.Sequential(*layers)
+
+
+def _gauss_log_prob(z: torch.Tensor, mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+    return -0.5 * (_LOG_2PI + logvar + (z - mean) ** 2 / logvar.exp()).sum(-1)
+
+
+def _log1mexp(a: torch.Tensor) -> torch.Tensor:
+    """log(1 − e^a) for a ≤ 0, stable on both sides of −log 2."""
+    return torch.where(a > -math.log(2), torch.log(-torch.expm1(a)), torch.log1p(-torch.exp(a)))
+
+
+class IVAE(nn.Module):
+    """iVAE (``conditional_prior=True``) or plain VAE (``False``) of the same size.
+
+    Args:
+        d_obs: observation dimension d.
+        n_latent: latent dimension n.
+        n_aux: number of segments (u is an integer id, one-hot encoded).
+        hidden: width of every MLP.
+        conditional_prior: iVAE prior p(z | u) and encoder q(z | x, u); else N(0, I) and q(z | x).
+        likelihood: ``"gaussian"`` or ``"perturbed"`` (see module docstring).
+        obs_scale: standard deviation of the Gaussian likelihood.
+        noise: the perturbation of the ``"perturbed"`` likelihood (default Logistic()).
+        temperature: T ≥ 0 of the ``"perturbed"`` likelihood (0: binary observations).
+
+    Shape: ``x`` ``(B, d_obs)``, ``u`` ``(B,)`` long; latents ``(B, n_latent)``.
+    """
+
+    def __init__(self, d_obs: int, n_latent: int, n_aux: int, hidden: int = 64,
+                 conditional_prior: bool = True, likelihood: str = "gaussian",
+                 obs_scale: float = 0.1, noise: Noise | None = None, temperature: float = 0.0):
+        super().__init__()
+        self.d_obs = check_int(d_obs, "d_obs", low=1)
+        self.n_latent = check_int(n_latent, "n_latent", low=1)
+        self.n_aux = check_int(n_aux, "n_aux", low=1)
+        check_choice(likelihood, ("gaussian", "perturbed"), "likelihood")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        self.conditional_prior = conditional_prior
+        self.likelihood, self.obs_scale = likelihood, obs_scale
+        self.noise = noise if noise is not None else Logistic()
+        self.temperature = temperature
+        enc_in = d_obs + (n_aux if conditional_prior else 0)
+        self.encoder = _mlp(enc_in, 2 * n_latent, hidden)
+        self.decoder = _mlp(n_latent, d_obs, hidden)
+        self.prior = _mlp(n_aux, 2 * n_latent, hidden, n_layers=1) if conditional_prior else None
+
+    def _onehot(self, u: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        if u.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"u must hold integer segment ids, got dtype {u.dtype}")
+        if bool(((u < 0) | (u >= self.n_aux)).any()):
+            raise ValueError(f"u must lie in [0, {self.n_aux}), got values outside")
+        return nn.functional.one_hot(u, self.n_aux).to(like.dtype)
+
+    def encode(self, x: torch.Tensor, u: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and log-variance of q(z | x, u), each ``(B, n_latent)``."""
+        inp = torch.cat([x, self._onehot(u, x)], -1) if self.conditional_prior else x
+        mean, logvar = self.encoder(inp).chunk(2, -1)
+        return mean, logvar.clamp(-12, 8)
+
+    def prior_params(self, u: torch.Tensor, like: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and log-variance of p(z | u) (zeros for the plain VAE)."""
+        if self.prior is None:
+            zeros = torch.zeros(len(u), self.n_latent, dtype=like.dtype, device=like.device)
+            return zeros, zeros
+        mean, logvar = self.prior(self._onehot(u, like)).chunk(2, -1)
+        return mean, logvar.clamp(-8, 8)
+
+    def log_likelihood(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """log p(x | z) up to a constant independent of the parameters, ``(B,)``."""
+        f = self.decoder(z)
+        if self.likelihood == "gaussian":
+            return _gauss_log_prob(x, f, torch.full_like(f, 2 * math.log(self.obs_scale)))
+        if self.temperature == 0:
+            log_p0 = self.noise.log_cdf(-f)  # P(x = 0) = F(−f)
+            return torch.where(x > 0.5, _log1mexp(log_p0), log_p0).sum(-1)
+        eps = torch.finfo(x.dtype).eps
+        xc = x.clamp(eps, 1 - eps)
+        y = self.temperature * (torch.log(xc) - torch.log1p(-xc))
+        return self.noise.log_prob(y - f).sum(-1)
+
+    def forward(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """One-sample reparameterised ELBO per example, ``(B,)`` (maximise its mean)."""
+        mean, logvar = self.encode(x, u)
+        z = mean + (0.5 * logvar).exp() * torch.randn_like(mean)
+        p_mean, p_logvar = self.prior_params(u, x)
+        return (self.log_likelihood(x, z) + _gauss_log_prob(z, p_mean, p_logvar)
+                - _gauss_log_prob(z, mean, logvar))
+
+    @torch.no_grad()
+    def latents(self, x: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
+        """Posterior means E_q[z | x, u]: the recovered sources, ``(B, n_latent)``."""
+        return self.encode(x, u)[0]
