@@ -1,0 +1,46 @@
+"""perturb: learnable discrete and geometric structure by "perturb, then regularized argmax".
+
+See :mod:`perturb.relax` for the abstraction. Importing this package registers every solver
+(simplex, permutations, k-subsets, trees) with the registry in :mod:`perturb.structures`.
+"""
+from perturb._validation import set_validation, validation_enabled
+from perturb.backward import finite_difference_solve, implicit_root, straight_through
+from perturb.categorical import gaussian_softmax, gumbel_softmax, softmax, sparsemax
+from perturb.noise import Discrete, Gaussian, Gumbel, Logistic, Noise, Normal, Uniform
+from perturb.regularizers import (
+    BinaryEntropy,
+    Entropy,
+    ExpFamilyEntropy,
+    Regularizer,
+    SquaredNorm,
+)
+from perturb.perturbed import (
+    PerturbedOptimizer,
+    fenchel_young_loss,
+    perturbed,
+    perturbed_optimizer,
+)
+from perturb.relax import argmax, perturb, regularized_argmax, relax
+from perturb.structures import (
+    Simplex,
+    Structure,
+    register_solver,
+    register_unsupported,
+    registered_pairs,
+    support_table,
+)
+from perturb import nn, structured  # noqa: E402  (structured registers its solvers)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "perturb", "argmax", "regularized_argmax", "relax",
+    "gumbel_softmax", "gaussian_softmax", "sparsemax", "softmax",
+    "perturbed", "fenchel_young_loss", "PerturbedOptimizer", "perturbed_optimizer",
+    "register_solver", "register_unsupported", "registered_pairs", "support_table",
+    "Structure", "Simplex",
+    "Regularizer", "Entropy", "SquaredNorm", "BinaryEntropy", "ExpFamilyEntropy",
+    "Noise", "Gumbel", "Normal", "Gaussian", "Logistic", "Uniform", "Discrete",
+    "implicit_root", "finite_difference_solve", "straight_through",
+    "set_validation", "validation_enabled", "structured", "nn",
+]

@@ -1,0 +1,359 @@
+r"""Simplex solvers: softmax, sparsemax, and the stochastic softmaxes built on them.
+
+On the probability simplex Δ = conv{e_1, ..., e_n} the regularized argmax of
+:mod:`perturb.relax` has closed forms:
+
+.. math::
+
+    \arg\max_{x \in \Delta} \langle w, x\rangle - \tau \sum_i x_i \log x_i
+        &= \mathrm{softmax}(w / \tau)                       &&\text{(Entropy, ExpFamilyEntropy)} \\
+    \arg\max_{x \in \Delta} \langle w, x\rangle - \tfrac{\tau}{2} \|x\|^2
+        &= \mathrm{sparsemax}(w / \tau) = [w/\tau - \nu]_+  &&\text{(SquaredNorm)}
+
+where ν is the threshold making the clipped vector sum to one (Martins & Astudillo 2016). On the
+simplex, the exponential-family entropy A* (the conjugate of A(w) = log Σ_i e^{w_i}) is the
+negative entropy itself, so that pair is softmax too.
+
+Both solvers are registered with two backward modes: ``"analytic"`` (closed-form Jacobians,
+below) and ``"unroll"`` (plain autograd through the torch operations, a reference).
+
+- softmax: ∂y/∂z = diag(y) − y yᵀ, so the vector–Jacobian product is y ⊙ (g − ⟨g, y⟩);
+- sparsemax: ∂p/∂z = diag(s) − s sᵀ/|S| with s the indicator of the support S = {i: p_i > 0},
+  so the product is g_i − mean_{j∈S} g_j on S and 0 elsewhere.
+
+The temperature is applied outside the Functions (z = w/τ), so gradients with respect to a tensor
+τ flow through autograd.
+
+:func:`gumbel_softmax` and :func:`gaussian_softmax` are :func:`perturb.relax.relax` on the simplex
+with Gumbel resp. Gaussian noise: the same generator state gives the same sample as ``relax``.
+
+References:
+    Martins & Astudillo, "From Softmax to Sparsemax", ICML 2016, arXiv:1602.02068.
+    Jang, Gu & Poole, "Categorical Reparameterization with Gumbel-Softmax", ICLR 2017,
+    arXiv:1611.01144. Maddison, Mnih & Teh, "The Concrete Distribution", ICLR 2017,
+    arXiv:1611.00712. Paulus et al., "Gradient Estimation with Stochastic Softmax Tricks",
+    NeurIPS 2020, arXiv:2006.08063.
+"""
+from __future__ import annotations
+
+import torch
+
+from perturb import _validation
+from perturb._validation import check_dim, check_positive, check_tau, set_validation
+from perturb.noise import Gumbel, Normal
+from perturb.regularizers import Entropy, ExpFamilyEntropy, Regularizer, SquaredNorm
+from perturb.relax import regularized_argmax, relax
+from perturb.structures import Simplex, register_solver
+
+__all__ = ["softmax", "sparsemax", "gumbel_softmax", "gaussian_softmax"]
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+def _scale(w: torch.Tensor, tau: float | torch.Tensor, event_dim: int = 1) -> torch.Tensor:
+    """z = w / τ; a tensor τ broadcasts against the batch dims ``(*batch)`` of ``w``."""
+    if isinstance(tau, torch.Tensor):
+        if tau.ndim == 0:
+            return w / tau.to(w.dtype)
+        t = tau.to(w.dtype).reshape(*tau.shape, *([1] * event_dim))
+        try:
+            ok = torch.broadcast_shapes(t.shape, w.shape) == w.shape
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"tau of shape {tuple(tau.shape)} must broadcast against the batch "
+                             f"shape {tuple(w.shape[:w.ndim - event_dim])} of the scores "
+                             f"(shape {tuple(w.shape)})")
+        return w / t
+    return w if tau == 1 else w / tau
+
+
+def _check_logits(x: torch.Tensor, name: str) -> None:
+    """Structural checks always; finiteness (one cheap reduction) while validation is on.
+
+    −inf is accepted: it masks a category (probability exactly 0, gradient 0), as in
+    ``torch.softmax``; a row that is entirely −inf has no distribution and gives NaN, as there.
+    """
+    _validation.check_scores(x, name, min_ndim=1, allow_neg_inf=True)
+
+
+# --------------------------------------------------------------------------------------------
+# softmax
+# --------------------------------------------------------------------------------------------
+
+def _softmax_backward(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """Vector–Jacobian product of y = softmax(z) over the last dim: y ⊙ (g − ⟨g, y⟩).
+
+    Evaluated by ATen's fused kernel for exactly this product (one pass instead of three
+    separate ops; it is what ``torch.softmax``'s own backward runs).
+    """
+    return torch.ops.aten._softmax_backward_data(grad.contiguous(), y, -1, y.dtype)
+
+
+class _Softmax(torch.autograd.Function):
+    r"""y = softmax(z) over the last dim; backward y ⊙ (g − ⟨g, y⟩) (:func:`_softmax_backward`).
+
+    The Jacobian diag(y) − y yᵀ is the Hessian of log Σ_i e^{z_i}.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(z):
+        return torch.softmax(z, dim=-1)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if not ctx.needs_input_grad[0]:
+            return None
+        (y,) = ctx.saved_tensors
+        return _softmax_backward(y, grad)
+
+
+@register_solver(Simplex, Entropy, backward=("analytic", "unroll"),
+                 description="softmax(w/τ)")
+def _solve_softmax(w: torch.Tensor, structure: Simplex, regularizer: Regularizer,
+                   tau: float | torch.Tensor, backward: str) -> torch.Tensor:
+    z = _scale(w, tau)
+    if backward == "unroll":
+        return torch.softmax(z, dim=-1)
+    return _Softmax.apply(z)
+
+
+register_solver(Simplex, ExpFamilyEntropy, backward=("analytic", "unroll"),
+                description="softmax(w/τ) (A* of log Σ e^w is the negative entropy)")(
+    _solve_softmax)
+
+
+# --------------------------------------------------------------------------------------------
+# sparsemax
+# --------------------------------------------------------------------------------------------
+
+def _sparsemax_forward(z: torch.Tensor) -> torch.Tensor:
+    """Euclidean projection of z onto the simplex along the last dim, by sorting (exact).
+
+    With z sorted decreasingly, the support size is k* = max{k : 1 + k z_(k) > Σ_{j≤k} z_(j)} and
+    the threshold ν = (Σ_{j≤k*} z_(j) − 1)/k*; p = [z − ν]_+. O(n log n) per row. Written with
+    differentiable torch operations, so autograd through it is the ``"unroll"`` backward.
+    """
+    n = z.shape[-1]
+    # shifting by the max changes nothing but keeps cumulative sums small (precision at 1e7)
+    z = z - z.amax(dim=-1, keepdim=True).detach()
+    zs = torch.sort(z, dim=-1, descending=True).values
+    cs = zs.cumsum(dim=-1) - 1
+    k = torch.arange(1, n + 1, dtype=z.dtype, device=z.device)
+    support = k * zs > cs  # a prefix of True (k = 1 always qualifies)
+    k_star = support.sum(dim=-1, keepdim=True).clamp_min(1)
+    nu = cs.gather(-1, k_star - 1) / k_star.to(z.dtype)
+    return torch.relu(z - nu)  # relu: zero gradient at the kink, like the analytic support p > 0
+
+
+def _sparsemax_backward(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """Vector–Jacobian product of p = sparsemax(z): g_i − mean_{j∈S} g_j on S = {p > 0}, else 0."""
+    s = (p > 0).to(grad.dtype)
+    mean = (grad * s).sum(dim=-1, keepdim=True) / s.sum(dim=-1, keepdim=True)
+    return s * (grad - mean)
+
+
+class _Sparsemax(torch.autograd.Function):
+    r"""p = sparsemax(z) = [z − ν]_+ over the last dim; backward :func:`_sparsemax_backward`.
+
+    The Jacobian is diag(s) − s sᵀ/|S| with s the indicator of the support (Martins & Astudillo
+    2016, Prop. 2), defined wherever no coordinate sits exactly on the threshold.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(z):
+        return _sparsemax_forward(z)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if not ctx.needs_input_grad[0]:
+            return None
+        (p,) = ctx.saved_tensors
+        return _sparsemax_backward(p, grad)
+
+
+@register_solver(Simplex, SquaredNorm, backward=("analytic", "unroll"),
+                 description="sparsemax(w/τ) (sort-based Euclidean projection)")
+def _solve_sparsemax(w: torch.Tensor, structure: Simplex, regularizer: Regularizer,
+                     tau: float | torch.Tensor, backward: str) -> torch.Tensor:
+    z = _scale(w, tau)
+    if backward == "unroll":
+        return _sparsemax_forward(z)
+    return _Sparsemax.apply(z)
+
+
+# --------------------------------------------------------------------------------------------
+# public functions
+# --------------------------------------------------------------------------------------------
+
+def _along_dim(fn, x: torch.Tensor, dim: int, name: str):
+    """Apply ``fn`` (which works on the last dim) along ``dim``."""
+    d = check_dim(x, dim, "dim")
+    if d == x.ndim - 1:
+        return fn(x)
+    return fn(x.movedim(d, -1)).movedim(-1, d)
+
+
+def softmax(x: torch.Tensor, dim: int = -1, tau: float | torch.Tensor = 1.0,
+            backward: str = "auto") -> torch.Tensor:
+    r"""softmax(x/τ) along ``dim``: ``regularized_argmax(x, Simplex(), Entropy(), tau)``.
+
+    .. math:: \mathrm{softmax}(x/\tau)_i = e^{x_i/\tau} / \textstyle\sum_j e^{x_j/\tau}
+              = \arg\max_{p \in \Delta} \langle x, p\rangle - \tau \sum_j p_j \log p_j
+
+    Args:
+        x: scores (floating dtype).
+        dim: the dim holding the categories.
+        tau: temperature τ > 0 (a float, or a tensor broadcastable to the other dims).
+        backward: ``"auto"``/``"analytic"``, ``"unroll"`` or ``"finite_difference"``.
+
+    Shape: any, ``x.shape[dim] = n``; output the same.
+
+    Raises:
+        ValueError: integer dtype, ``dim`` out of range, τ ≤ 0, NaN/inf scores.
+
+    Example::
+
+        >>> softmax(torch.tensor([1.0, 2.0, 3.0]), tau=0.5)
+        tensor([0.0159, 0.1173, 0.8668])
+    """
+    _check_logits(x, "x")
+    with set_validation(False):  # checked once above, under the public argument name
+        return _along_dim(lambda v: regularized_argmax(v, Simplex(), Entropy(), tau, backward),
+                          x, dim, "x")
+
+
+def sparsemax(x: torch.Tensor, dim: int = -1, tau: float | torch.Tensor = 1.0,
+              backward: str = "auto") -> torch.Tensor:
+    r"""sparsemax(x/τ) along ``dim``: the Euclidean projection of x/τ onto the simplex.
+
+    .. math:: \mathrm{sparsemax}(z) = \arg\min_{p \in \Delta} \|p - z\|^2 = [z - \nu]_+ ,
+              \qquad \textstyle\sum_i [z_i - \nu]_+ = 1
+
+    i.e. ``regularized_argmax(x, Simplex(), SquaredNorm(), tau)``. Exact, by sorting:
+    O(n log n) per row. Unlike softmax its output has exact zeros.
+
+    Args:
+        x: scores (floating dtype).
+        dim: the dim holding the categories.
+        tau: temperature τ > 0 (a float, or a tensor broadcastable to the other dims).
+        backward: ``"auto"``/``"analytic"`` (Jacobian diag(s) − s sᵀ/|S|), ``"unroll"`` or
+            ``"finite_difference"``.
+
+    Shape: any, ``x.shape[dim] = n``; output the same.
+
+    Raises:
+        ValueError: integer dtype, ``dim`` out of range, τ ≤ 0, NaN/inf scores.
+
+    Example::
+
+        >>> sparsemax(torch.tensor([1.0, 0.8, -1.0]))
+        tensor([0.6000, 0.4000, 0.0000])
+
+    References:
+        Martins & Astudillo, "From Softmax to Sparsemax", ICML 2016, arXiv:1602.02068.
+    """
+    _check_logits(x, "x")
+    with set_validation(False):  # checked once above, under the public argument name
+        return _along_dim(lambda v: regularized_argmax(v, Simplex(), SquaredNorm(), tau,
+                                                       backward), x, dim, "x")
+
+
+def _stochastic_softmax(logits: torch.Tensor, noise, tau, hard: bool, dim: int,
+                        generator: torch.Generator | None) -> torch.Tensor:
+    _check_logits(logits, "logits")
+    check_tau(tau)
+    if not isinstance(hard, bool):
+        raise ValueError(f"hard must be a bool, got {hard!r}")
+    d = check_dim(logits, dim, "dim")
+    theta = logits if d == logits.ndim - 1 else logits.movedim(d, -1)
+    # the logits were checked once above; the perturbed scores are finite whenever they are, so
+    # relax's own value checks (one pass each over theta and θ + ε) are skipped.
+    with set_validation(False):
+        y = relax(theta, Simplex(), noise, Entropy(), tau, hard=hard, generator=generator)
+    return y if d == logits.ndim - 1 else y.movedim(-1, d)
+
+
+def gumbel_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, hard: bool = False,
+                   dim: int = -1, generator: torch.Generator | None = None) -> torch.Tensor:
+    r"""A Gumbel-softmax (Concrete) sample: softmax((logits + G)/τ), G i.i.d. standard Gumbel.
+
+    .. math:: X_\tau = \mathrm{softmax}((\theta + G)/\tau), \qquad
+              \lim_{\tau \to 0} X_\tau = \mathrm{onehot}(\arg\max_i \theta_i + G_i)
+              \sim \mathrm{Categorical}(\mathrm{softmax}(\theta))
+
+    It is ``relax(logits, Simplex(), Gumbel(), Entropy(), tau, hard, generator=generator)`` along
+    ``dim``: the same generator state gives the same sample. A drop-in for
+    ``torch.nn.functional.gumbel_softmax`` with a ``generator``.
+
+    Args:
+        logits: unnormalised log-probabilities θ.
+        tau: temperature τ > 0.
+        hard: straight-through: the forward value is the one-hot argmax of θ + G, the gradient
+            that of the soft sample.
+        dim: the dim holding the categories.
+        generator: a ``torch.Generator`` for reproducible samples.
+
+    Shape: any, ``logits.shape[dim] = n``; output the same.
+
+    Raises:
+        ValueError: integer dtype, ``dim`` out of range, τ ≤ 0, NaN/inf logits.
+
+    Example::
+
+        >>> g = torch.Generator().manual_seed(0)
+        >>> x = gumbel_softmax(torch.zeros(2, 5), tau=0.5, generator=g)   # rows on the simplex
+
+    References:
+        Jang et al. 2017 (arXiv:1611.01144); Maddison et al. 2017 (arXiv:1611.00712).
+    """
+    return _stochastic_softmax(logits, Gumbel(), tau, hard, dim, generator)
+
+
+def gaussian_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, sigma: float = 1.0,
+                     hard: bool = False, dim: int = -1,
+                     generator: torch.Generator | None = None) -> torch.Tensor:
+    r"""A Gaussian-softmax sample: softmax((logits + σ Z)/τ), Z i.i.d. standard normal.
+
+    ``relax(logits, Simplex(), Normal(sigma), Entropy(), tau, hard, generator=generator)`` along
+    ``dim``. As τ → 0 the sample becomes the one-hot of argmax_i θ_i + σ Z_i (a multinomial-probit
+    model, whose class probabilities are not softmax(θ); see
+    :meth:`perturb.noise.Normal.argmax_probs`).
+
+    Args:
+        logits: scores θ.
+        tau: temperature τ > 0.
+        sigma: noise scale σ > 0.
+        hard: straight-through (see :func:`gumbel_softmax`).
+        dim: the dim holding the categories.
+        generator: a ``torch.Generator`` for reproducible samples.
+
+    Shape: any, ``logits.shape[dim] = n``; output the same.
+
+    Raises:
+        ValueError: integer dtype, ``dim`` out of range, τ ≤ 0, σ ≤ 0, NaN/inf logits.
+
+    Example::
+
+        >>> x = gaussian_softmax(torch.zeros(3, 4), tau=0.5, sigma=2.0)
+
+    References:
+        Paulus et al., "Gradient Estimation with Stochastic Softmax Tricks", NeurIPS 2020,
+        arXiv:2006.08063.
+    """
+    check_positive(sigma, "sigma")
+    return _stochastic_softmax(logits, Normal(sigma), tau, hard, dim, generator)

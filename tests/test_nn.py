@@ -1,0 +1,162 @@
+"""Tests of perturb/nn.py: stochastic-softmax layers and temperature schedules."""
+import math
+
+import pytest
+import torch
+
+from perturb import Entropy, Gumbel, Normal, Simplex, SquaredNorm, relax
+from perturb.categorical import gaussian_softmax, gumbel_softmax
+from perturb.nn import (
+    ConstantSchedule,
+    ExponentialSchedule,
+    GaussianSoftmax,
+    GumbelSoftmax,
+    LinearSchedule,
+    StochasticSoftmax,
+)
+
+
+def _theta(*shape, seed=0):
+    return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+# --------------------------------------------------------------------------------------------
+# schedules
+# --------------------------------------------------------------------------------------------
+
+def test_schedules_values():
+    assert ConstantSchedule(0.7)(0) == 0.7 == ConstantSchedule(0.7)(10_000)
+    exp = ExponentialSchedule(tau0=2.0, tau_min=0.5, rate=0.1)
+    assert exp(0) == 2.0
+    assert math.isclose(exp(5), 2.0 * math.exp(-0.5))
+    assert exp(1000) == 0.5  # floored
+    lin = LinearSchedule(tau0=1.0, tau_min=0.2, n_steps=8)
+    assert [lin(t) for t in (0, 4, 8, 100)] == pytest.approx([1.0, 0.6, 0.2, 0.2])
+    # monotone non-increasing
+    for sched in (exp, lin):
+        values = [sched(t) for t in range(50)]
+        assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: ConstantSchedule(0.0), "tau"),
+    (lambda: ExponentialSchedule(tau0=-1.0), "tau0"),
+    (lambda: ExponentialSchedule(tau0=1.0, tau_min=2.0), "tau_min"),
+    (lambda: ExponentialSchedule(rate=-0.1), "rate"),
+    (lambda: LinearSchedule(n_steps=0), "n_steps"),
+    (lambda: LinearSchedule(tau0=0.5, tau_min=0.0), "tau_min"),
+    (lambda: ConstantSchedule(1.0)(-1), "step"),
+])
+def test_schedule_bad_input(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_module_step_follows_schedule():
+    sched = LinearSchedule(tau0=1.0, tau_min=0.5, n_steps=4)
+    layer = GumbelSoftmax(schedule=sched)
+    assert layer.tau == 1.0
+    taus = [layer.step() for _ in range(6)]
+    assert taus == pytest.approx([0.875, 0.75, 0.625, 0.5, 0.5, 0.5])
+    assert layer.tau == 0.5 and layer.steps == 6
+    with pytest.raises(ValueError, match="schedule"):
+        GumbelSoftmax().step()
+    layer.tau = 0.3  # set directly
+    assert layer.tau == 0.3
+    with pytest.raises(ValueError, match="tau"):
+        layer.tau = 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# modules
+# --------------------------------------------------------------------------------------------
+
+def test_train_mode_is_relax_with_generator():
+    theta = _theta(4, 6)
+    layer = StochasticSoftmax(noise=Normal(0.5), regularizer=SquaredNorm(), tau=0.7,
+                              generator=torch.Generator().manual_seed(3))
+    ref = relax(theta, Simplex(), Normal(0.5), SquaredNorm(), 0.7,
+                generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(layer(theta), ref, rtol=0, atol=0)
+    # the generator attribute advances: the next call gives a different sample
+    assert not torch.equal(layer(theta), ref)
+    layer.generator = torch.Generator().manual_seed(3)
+    torch.testing.assert_close(layer(theta), ref, rtol=0, atol=0)
+
+
+def test_eval_modes_are_deterministic():
+    theta = _theta(3, 5)
+    layer = StochasticSoftmax(tau=0.5).eval()
+    torch.testing.assert_close(layer(theta), torch.softmax(theta / 0.5, -1))
+    torch.testing.assert_close(layer(theta), layer(theta), rtol=0, atol=0)
+    hard = StochasticSoftmax(tau=0.5, hard=True, eval_mode="argmax").eval()
+    torch.testing.assert_close(hard(theta), Simplex().argmax(theta))
+    with pytest.raises(ValueError, match="eval_mode"):
+        StochasticSoftmax(eval_mode="sample")
+
+
+def test_hard_and_n_samples():
+    theta = _theta(3, 5).requires_grad_()
+    layer = StochasticSoftmax(tau=0.5, hard=True, n_samples=4,
+                              generator=torch.Generator().manual_seed(0))
+    y = layer(theta)
+    assert y.shape == (4, 3, 5) and bool(Simplex().check(y).all())
+    y.sum().backward()  # straight-through gradient exists (and sums to ~0 over a row)
+    torch.testing.assert_close(theta.grad.sum(-1), torch.zeros(3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dim", [-1, 0, 1])
+def test_gumbel_and_gaussian_modules_match_functions(dim):
+    theta = _theta(3, 4, 5)
+    g = GumbelSoftmax(tau=0.6, dim=dim, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(g(theta), gumbel_softmax(
+        theta, 0.6, dim=dim, generator=torch.Generator().manual_seed(1)), rtol=0, atol=0)
+    n = GaussianSoftmax(tau=0.6, sigma=2.0, hard=True, dim=dim,
+                        generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(n(theta), gaussian_softmax(
+        theta, 0.6, 2.0, hard=True, dim=dim, generator=torch.Generator().manual_seed(1)),
+        rtol=0, atol=0)
+    # evaluation mode along dim
+    torch.testing.assert_close(g.eval()(theta), torch.softmax(theta / 0.6, dim))
+    one_hot = torch.nn.functional.one_hot(theta.argmax(dim), theta.shape[dim]).movedim(-1, dim)
+    torch.testing.assert_close(GumbelSoftmax(dim=dim, eval_mode="argmax").eval()(theta),
+                               one_hot.double())
+
+
+def test_module_in_training_loop_learns():
+    """A categorical policy learns to pick the best arm through a Gumbel-softmax layer."""
+    reward = torch.tensor([0.1, 1.0, 0.3, 0.0])
+    logits = torch.nn.Parameter(torch.zeros(4))
+    layer = GumbelSoftmax(schedule=ExponentialSchedule(1.0, 0.3, 0.05),
+                          generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.Adam([logits], lr=0.1)
+    for _ in range(60):
+        x = layer(logits.expand(16, 4))
+        loss = -(x @ reward).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        layer.step()
+    assert int(logits.argmax()) == 1
+    assert float(torch.softmax(logits.detach(), -1)[1]) > 0.8
+    assert layer.tau < 1.0
+
+
+def test_repr_and_bad_arguments():
+    assert "tau=0.5" in repr(GumbelSoftmax(tau=0.5))
+    assert "sigma=2.0" in repr(GaussianSoftmax(sigma=2.0))
+    r = repr(StochasticSoftmax(regularizer=Entropy()))
+    assert "Simplex()" in r and "Entropy()" in r and "Gumbel" in r
+    with pytest.raises(ValueError, match="tau"):
+        StochasticSoftmax(tau=-1.0)
+    with pytest.raises(ValueError, match="sigma"):
+        GaussianSoftmax(sigma=0.0)
+    with pytest.raises(ValueError, match="hard"):
+        StochasticSoftmax(hard="yes")
+    with pytest.raises(ValueError, match="structure"):
+        StochasticSoftmax(structure="simplex")
+    with pytest.raises(ValueError, match="schedule"):
+        StochasticSoftmax(schedule=lambda t: 1.0)
+    with pytest.raises(ValueError, match="dim"):
+        GumbelSoftmax(dim=3)(torch.zeros(2, 3))
+    assert isinstance(StochasticSoftmax().noise, Gumbel)
