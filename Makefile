@@ -16,8 +16,16 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The quickstart first, then the short (--quick) version of every experiment.
+DEMOS := quickstart sinkhorn_sort subset_selection latent_tree compare_perturbations \
+         box_hierarchy categorical_vae ivae structured_latent
+
 demo: $(STAMP)
-	$(BIN)/python examples/quickstart.py --out results
+	@set -e; for d in $(DEMOS); do \
+		echo "=== examples/$$d.py --quick"; \
+		MPLBACKEND=Agg $(BIN)/python examples/$$d.py --quick --out results/$$d; \
+	done
+	@echo "demo outputs (tables and plots) are in results/"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
