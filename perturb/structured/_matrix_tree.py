@@ -1,0 +1,569 @@
+r"""Matrix-tree theorems: log-partition functions and edge marginals of spanning trees and
+arborescences, with an analytic backward for the marginals.
+
+Directed (Tutte; Koo et al. 2007). Let s_ij be the log-potential of the edge i → j and
+A_ij = exp(s_ij) (zero for forbidden edges, the diagonal and the edges into the root r). The
+in-degree Laplacian is L = diag(1ᵀA) − A, and L̂ is L without the row and column of r. Then
+
+    Z = Σ_{arborescences T rooted at r} Π_{(i→j)∈T} A_ij = det L̂,
+    μ_ij = ∂ log Z / ∂ s_ij = A_ij (G_jj − G_ji),
+
+where G is L̂⁻¹ padded with a zero row and column at r (so μ_rj = A_rj G_jj).
+
+Stable scaling. Every arborescence has exactly one edge into each non-root node, so dividing
+column j of A by e^{c_j}, c_j = logsumexp_i s_ij, changes Z by the exact factor e^{−Σ c_j}.
+With P_ij = exp(s_ij − c_j) (a column-stochastic matrix: the softmax over the parents of j)
+
+    log Z = Σ_{j≠r} c_j + log det(I − P̂),        μ_ij = P_ij (G_jj − G_ji),   G = (I − P̂)⁻¹,
+
+where P̂ is P without row and column r. All entries of P lie in [0, 1]: nothing overflows for
+any score scale, and I − P̂ is a column diagonally dominant M-matrix (the fundamental matrix of
+the "walk to your parent" Markov chain absorbed at the root).
+
+Undirected (Kirchhoff). A spanning tree corresponds to exactly one arborescence rooted at node 0
+of the bidirected graph with symmetric potentials, so log Z_undirected(s) = log Z_directed(s)
+and μ_{{i,j}} = μ_{i→j} + μ_{j→i}.
+
+Analytic backward. For ℓ = Σ_ij ḡ_ij μ_ij, with K = ḡ ⊙ P, M = diag(1ᵀK) − Kᵀ and
+N = Gᵀ M Gᵀ (from dG = −G dL̂ G),
+
+    ∂ℓ/∂s_ij = P_ij [ ḡ_ij (G_jj − G_ji) − N_jj + N_ij ],
+
+three O(n³) matrix products and no second factorisation (derivation in docs/trees.md). The
+formulas hold in the scaled variables because the column scaling is an exact invariance.
+
+Precision. float16/bfloat16/float32 inputs are computed in float64 internally and cast back:
+det(I − P̂) is the product of the pivots and the marginals are differences G_jj − G_ji, both of
+which lose every digit in float32 once the scores spread over a few units. Even in float64 the
+LU path cancels when the best-scoring edges form cycles with much weaker exits (score gaps of a
+few tens of units, or small τ). Each result is therefore checked a posteriori (finite, μ in
+[0, 1], every non-root column of μ summing to 1 within 1e-9/n, positive determinant, and the
+first-order error bound eps·‖G‖₁² of the inverse below 1e-8) and the
+failing batch elements are recomputed by the log-space elimination of
+:mod:`perturb.structured._tree_elimination`, exact for any scale but 10–50× slower.
+
+Backward modes: ``"analytic"`` (the formula above; once differentiable) and ``"unroll"``
+(autograd through the log-space elimination: an independent algorithm, twice differentiable).
+
+References:
+    Koo, Globerson, Carreras & Collins, "Structured Prediction Models via the Matrix-Tree
+    Theorem", EMNLP 2007. Tutte, "Graph Theory", 1984 (directed matrix-tree theorem).
+"""
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from perturb import _validation
+from perturb._validation import check_choice, check_int, check_scores
+from perturb.structured._tree_elimination import (
+    elimination_marginals,
+    elimination_marginals_vjp,
+)
+
+__all__ = [
+    "spanning_tree_log_partition", "spanning_tree_marginals",
+    "arborescence_log_partition", "arborescence_marginals",
+]
+
+MARGINAL_BACKWARDS = ("analytic", "unroll")
+
+
+# --------------------------------------------------------------------------------------------
+# input handling
+# --------------------------------------------------------------------------------------------
+
+def _scale(w: torch.Tensor, tau: float | torch.Tensor) -> torch.Tensor:
+    """w / τ with a tensor τ broadcasting against the batch dims ``(*batch)``."""
+    if isinstance(tau, torch.Tensor):
+        if tau.ndim == 0:
+            return w / tau.to(w.dtype)
+        t = tau.to(w.dtype).reshape(*tau.shape, 1, 1)
+        if torch.broadcast_shapes(t.shape, w.shape) != w.shape:
+            raise ValueError(f"tau of shape {tuple(tau.shape)} must broadcast against the batch "
+                             f"shape {tuple(w.shape[:-2])} of the scores (shape {tuple(w.shape)})")
+        return w / t
+    return w if tau == 1 else w / tau
+
+
+def _node_mask(w: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor | None:
+    """Boolean ``(*batch, n)``: node k exists when k < lengths; None when every node exists."""
+    if lengths is None:
+        return None
+    n = w.shape[-1]
+    if not isinstance(lengths, torch.Tensor):
+        lengths = torch.as_tensor(lengths)
+    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths must be an integer tensor of shape {tuple(w.shape[:-2])}, "
+                         f"got dtype {lengths.dtype}")
+    lengths = lengths.to(w.device)
+    try:
+        shape = torch.broadcast_shapes(lengths.shape, w.shape[:-2])
+    except RuntimeError:
+        shape = None
+    if shape != w.shape[:-2]:
+        raise ValueError(f"lengths must broadcast to the batch shape {tuple(w.shape[:-2])}, "
+                         f"got shape {tuple(lengths.shape)}")
+    if bool(((lengths < 2) | (lengths > n)).any()):
+        raise ValueError(f"lengths must lie in [2, n={n}], got values in "
+                         f"[{int(lengths.min())}, {int(lengths.max())}]")
+    return torch.arange(n, device=w.device) < lengths.unsqueeze(-1)
+
+
+def _check_tree_scores(w: torch.Tensor, mask: torch.Tensor | None, name: str = "w") -> None:
+    check_scores(w, name, min_ndim=2, square=True, allow_neg_inf=True)
+    if w.shape[-1] < 2:
+        raise ValueError(f"{name} must describe a graph with n >= 2 nodes, got shape "
+                         f"{tuple(w.shape)}")
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            got = type(mask).__name__ + (f" of dtype {mask.dtype}"
+                                         if isinstance(mask, torch.Tensor) else "")
+            raise ValueError(f"mask must be a boolean tensor broadcastable to {tuple(w.shape)}, "
+                             f"got {got}")
+        try:
+            ok = torch.broadcast_shapes(mask.shape, w.shape) == w.shape
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"mask of shape {tuple(mask.shape)} must broadcast to the scores' "
+                             f"shape {tuple(w.shape)}")
+
+
+def _edge_mask(w: torch.Tensor, mask: torch.Tensor | None, nodes: torch.Tensor | None,
+               root: int | None, symmetric: bool) -> torch.Tensor:
+    """Allowed edges ``(*batch, n, n)``: finite score, mask, no loop, no edge into the root,
+    both ends existing; for undirected graphs an edge needs both directions allowed."""
+    n = w.shape[-1]
+    valid = w > -torch.inf
+    if mask is not None:
+        valid = valid & mask.to(w.device)
+    valid = valid & ~torch.eye(n, dtype=torch.bool, device=w.device)
+    if symmetric:
+        valid = valid & valid.transpose(-1, -2)
+    if nodes is not None:
+        valid = valid & nodes.unsqueeze(-1) & nodes.unsqueeze(-2)
+    if root is not None:
+        valid[..., :, root] = False
+    return valid.expand(w.shape)
+
+
+def _reachable(valid: torch.Tensor, root: int) -> torch.Tensor:
+    """Nodes reachable from ``root`` along allowed edges, ``(*batch, n)``; BFS by matrix–vector
+    products (at most n sweeps, stops when nothing changes)."""
+    adj = valid.to(torch.float32)
+    reach = torch.zeros(valid.shape[:-1], dtype=torch.bool, device=valid.device)
+    reach[..., root] = True
+    for _ in range(valid.shape[-1]):
+        new = reach | ((reach.to(adj.dtype).unsqueeze(-2) @ adj).squeeze(-2) > 0)
+        if bool((new == reach).all()):
+            break
+        reach = new
+    return reach
+
+
+def _check_connected(valid: torch.Tensor, nodes: torch.Tensor | None, root: int,
+                     directed: bool) -> None:
+    """ValueError when some existing node cannot be reached from ``root``."""
+    if not _validation.validation_enabled():
+        return
+    reach = _reachable(valid, root)
+    need = nodes if nodes is not None else torch.ones_like(reach)
+    missing = need & ~reach
+    if bool(missing.any()):
+        idx = missing.nonzero()[0].tolist()
+        where = f"batch index {tuple(idx[:-1])}, " if len(idx) > 1 else ""
+        if directed:
+            raise ValueError(f"no arborescence rooted at {root} exists: node {idx[-1]} "
+                             f"({where}first unreachable) cannot be reached from the root along "
+                             "allowed edges (finite scores, True in mask)")
+        raise ValueError(f"the graph is disconnected: node {idx[-1]} ({where}first one) is not "
+                         "connected to node 0 along allowed edges (finite scores, True in mask)")
+
+
+def _prepare(w, tau, mask, lengths, root, symmetric, name="w"):
+    """Validate and return (scores s = w/τ with masked entries zero-filled, allowed edges,
+    node mask, root). Masked entries are filled before dividing by τ so that a gradient with
+    respect to τ never meets −inf·0."""
+    _check_tree_scores(w, mask, name)
+    _validation.check_tau(tau)
+    n = w.shape[-1]
+    if root is None:
+        root = 0
+    else:
+        root = check_int(root, "root", low=-n, high=n - 1) % n
+    nodes = _node_mask(w, lengths)
+    if nodes is not None and root != 0 and bool((~nodes[..., root]).any()):
+        raise ValueError(f"root={root} lies beyond the graph size given by lengths")
+    valid = _edge_mask(w, mask, nodes, root if not symmetric else None, symmetric)
+    if symmetric:
+        dvalid = valid.clone()
+        dvalid[..., :, root] = False
+    else:
+        dvalid = valid
+    if not bool(valid.all()) or nodes is not None:
+        _check_connected(dvalid, nodes, root, directed=not symmetric)
+    w_f = w.masked_fill(~valid, 0.0)
+    if symmetric:
+        w_f = 0.5 * (w_f + w_f.transpose(-1, -2))
+    s = _scale(w_f, tau)
+    return s, dvalid, nodes, root
+
+
+# --------------------------------------------------------------------------------------------
+# core (directed; undirected reuses it on symmetric scores with root 0)
+# --------------------------------------------------------------------------------------------
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype in (torch.float16, torch.bfloat16, torch.float32) else dtype
+
+
+def _column_softmax(s: torch.Tensor, valid: torch.Tensor):
+    """c_j = logsumexp_i s_ij over allowed edges (0 for columns without any) and
+    P_ij = exp(s_ij − c_j) (0 on forbidden edges)."""
+    x = s.masked_fill(~valid, -torch.inf)
+    c = torch.logsumexp(x, dim=-2)
+    has = valid.any(dim=-2)
+    c = torch.where(has, c, torch.zeros_like(c))
+    P = torch.exp(x - c.unsqueeze(-2))
+    return P, c, has
+
+
+def _reduced_matrix(P: torch.Tensor, root: int, inner: torch.Tensor) -> torch.Tensor:
+    """The scaled Laplacian diag(1ᵀP) − P with the root's row removed from P and identity rows
+    and columns at the root and absent nodes: block-diagonal(I, I − P̂) up to permutation.
+
+    The diagonal is the column sum of P (= 1 at the shift c = logsumexp) written out so that
+    autograd differentiates it correctly at a detached shift.
+    """
+    Pr = P.clone()
+    Pr[..., root, :] = 0
+    diag = P.sum(dim=-2) * inner + (~inner).to(P.dtype)
+    return torch.diag_embed(diag) - Pr
+
+
+def _inner_nodes(shape: torch.Size, nodes: torch.Tensor | None, root: int,
+                 device: torch.device) -> torch.Tensor:
+    """Boolean ``(*batch, n)``: existing nodes other than the root (the rows of L̂)."""
+    inner = torch.ones(shape[:-1], dtype=torch.bool, device=device)
+    if nodes is not None:
+        inner = inner & nodes
+    inner[..., root] = False
+    return inner
+
+
+#: Largest tolerated first-order error bound eps·‖G‖₁² of the LU marginals (see _lu_solve).
+_ERROR_BUDGET = 1e-8
+
+
+def _check_tolerance(n: int) -> float:
+    """Per-column tolerance of the a-posteriori check: the n − 1 column sums then add up to
+    n − 1 within 1e-9."""
+    return 1e-9 / n
+
+
+def _lu_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, root: int,
+              need_logz: bool = True):
+    """Fast path: (μ, log Z, P, G, bad) in the compute dtype from one LU factorisation.
+
+    G = (I − P̂)⁻¹ padded with zeros at the root and absent nodes; ``bad`` ``(*batch)`` marks
+    the elements whose result fails the a-posteriori check (log Z is only formed, from the LU
+    factors, when ``need_logz``; otherwise one ``inv`` call and log Z = 0): a non-finite value, a
+    marginal
+    outside [0, 1], a column of μ not summing to 1 (an identity of the exact inverse:
+    Σ_i P_ij (G_jj − G_ji) = (G(I − P̂))_jj), a non-positive determinant, or a first-order
+    error bound eps·‖G‖₁² above ``_ERROR_BUDGET`` (the column-sum identity alone can hold for a
+    wrong inverse of a nearly singular matrix).
+    """
+    n = s.shape[-1]
+    x = s.to(_compute_dtype(s.dtype))
+    P, c, _ = _column_softmax(x, valid)
+    inner = _inner_nodes(P.shape, nodes, root, P.device)
+    Lf = _reduced_matrix(P, root, inner)
+    if need_logz:
+        LU, pivots, _ = torch.linalg.lu_factor_ex(Lf)
+        eye = torch.eye(n, dtype=P.dtype, device=P.device).expand_as(LU)
+        G = torch.linalg.lu_solve(LU, pivots, eye)
+    else:
+        G, _ = torch.linalg.inv_ex(Lf)
+    innerf = inner.to(P.dtype)
+    G = G * innerf.unsqueeze(-1) * innerf.unsqueeze(-2)
+    dG = torch.diagonal(G, dim1=-2, dim2=-1)
+    mu = P * (dG.unsqueeze(-2) - G.transpose(-1, -2))
+    if need_logz:
+        # sign of det = parity of the row swaps times the signs of U's diagonal
+        dU = torch.diagonal(LU, dim1=-2, dim2=-1)
+        ar = torch.arange(1, n + 1, device=P.device, dtype=pivots.dtype)
+        negative = ((pivots != ar).sum(-1) + (dU < 0).sum(-1)) % 2 == 1
+        logz = torch.log(dU.abs()).sum(-1) + (c * innerf).sum(-1)
+    else:
+        negative = torch.zeros(mu.shape[:-2], dtype=torch.bool, device=mu.device)
+        logz = torch.zeros(mu.shape[:-2], dtype=mu.dtype, device=mu.device)
+    tol = _check_tolerance(n)
+    col_err = ((mu.sum(dim=-2) - 1).abs() * innerf).amax(dim=-1)
+    # first-order error of the inverse: δG = −G δL G with ‖δL‖ ~ eps‖L‖ (backward stability),
+    # ‖L‖₁ ≤ 2, so |δμ| ≲ 4 eps ‖G‖₁²; above the budget the inverse cannot be trusted
+    g_norm = G.abs().sum(dim=-2).amax(dim=-1)
+    unstable = torch.finfo(G.dtype).eps * g_norm * g_norm > _ERROR_BUDGET
+    bad = (~torch.isfinite(mu).all(dim=-1).all(dim=-1)) | ~torch.isfinite(logz) | negative \
+        | unstable \
+        | (col_err > tol) | (mu < -tol).any(dim=-1).any(dim=-1) \
+        | (mu > 1 + tol).any(dim=-1).any(dim=-1)
+    return mu, logz, P, G, bad
+
+
+def _solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, root: int,
+           need_logz: bool = True):
+    """(μ, log Z, P, G, bad): the fast path, with the elements that fail its check recomputed
+    by the log-space elimination of :mod:`._tree_elimination` (exact, slower)."""
+    mu, logz, P, G, bad = _lu_solve(s, valid, nodes, root, need_logz)
+    if bool(bad.any()):
+        sub_nodes = None if nodes is None else nodes.expand(s.shape[:-1])[bad]
+        mu_b, logz_b = elimination_marginals(
+            s.detach().to(mu.dtype)[bad], valid.expand(s.shape)[bad], sub_nodes, root)
+        mu = mu.clone()
+        logz = logz.clone()
+        mu[bad] = mu_b
+        logz[bad] = logz_b
+    return mu, logz, P, G, bad
+
+
+def _marginals_backward(P: torch.Tensor, G: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """Vector–Jacobian product of μ_ij = P_ij (G_jj − G_ji) with respect to the log-potentials.
+
+    ∂ℓ/∂s_ij = P_ij [ḡ_ij (G_jj − G_ji) − N_jj + N_ij],  N = Gᵀ (diag(1ᵀK) − Kᵀ) Gᵀ,
+    K = ḡ ⊙ P. A pure function of the saved tensors (tests call it directly).
+    """
+    grad = grad.to(P.dtype)
+    K = grad * P
+    M = torch.diag_embed(K.sum(dim=-2)) - K.transpose(-1, -2)
+    Gt = G.transpose(-1, -2)
+    N = Gt @ M @ Gt
+    dG = torch.diagonal(G, dim1=-2, dim2=-1)
+    dN = torch.diagonal(N, dim1=-2, dim2=-1)
+    return P * (grad * (dG.unsqueeze(-2) - Gt) - dN.unsqueeze(-2) + N)
+
+
+def _backward_with_fallback(s, valid, nodes, root, P, G, bad, grad):
+    out = _marginals_backward(P, G, grad)
+    if bool(bad.any()):
+        sub_nodes = None if nodes is None else nodes.expand(s.shape[:-1])[bad]
+        out[bad] = elimination_marginals_vjp(s.to(out.dtype)[bad], valid.expand(s.shape)[bad],
+                                             sub_nodes, root, grad.expand(s.shape)[bad])
+    return out
+
+
+class _TreeMarginals(torch.autograd.Function):
+    r"""μ = ∇_s log Z(s) for arborescences rooted at ``root`` (module docstring).
+
+    forward: μ_ij = P_ij (G_jj − G_ji), G = (I − P̂)⁻¹, P the column softmax of s; the elements
+    failing the a-posteriori check are recomputed by log-space elimination.
+    backward: ∂ℓ/∂s_ij = P_ij [ḡ_ij (G_jj − G_ji) − N_jj + N_ij], N = Gᵀ(diag(1ᵀK) − Kᵀ)Gᵀ,
+    K = ḡ ⊙ P (:func:`_marginals_backward`); for the recomputed elements a Hessian–vector
+    product through the elimination. Once differentiable (use ``backward="unroll"`` for higher
+    derivatives of the marginals; log Z is twice differentiable through this Function).
+    """
+
+    @staticmethod
+    def forward(s, valid, nodes, root):
+        mu, _, P, G, bad = _solve(s, valid, nodes, root, need_logz=False)
+        return mu.to(s.dtype), P, G, bad
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        s, valid, nodes, root = inputs
+        _, P, G, bad = output
+        ctx.mark_non_differentiable(P, G, bad)
+        ctx.root = root
+        ctx.has_nodes = nodes is not None
+        ctx.save_for_backward(s, valid, nodes if nodes is not None else s.new_empty(0), P, G,
+                              bad)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_mu, _gP, _gG, _gbad):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        s, valid, nodes, P, G, bad = ctx.saved_tensors
+        nodes = nodes if ctx.has_nodes else None
+        out = _backward_with_fallback(s, valid, nodes, ctx.root, P, G, bad, grad_mu)
+        return out.to(s.dtype), None, None, None
+
+
+class _TreeLogPartition(torch.autograd.Function):
+    r"""log Z(s) for arborescences rooted at ``root``; backward ḡ·μ (μ = ∇ log Z).
+
+    forward: log Z = Σ_j c_j + log det(I − P̂) from the LU factors, or by log-space elimination
+    for the elements failing the check. backward: ḡ μ with the μ of the same forward; when a
+    graph is being built (double backward) μ is recomputed by :class:`_TreeMarginals` so that
+    it is differentiable.
+    """
+
+    @staticmethod
+    def forward(s, valid, nodes, root):
+        mu, logz, _, _, _ = _solve(s, valid, nodes, root)
+        return logz.to(s.dtype), mu.to(s.dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        s, valid, nodes, root = inputs
+        _, mu = output
+        ctx.mark_non_differentiable(mu)
+        ctx.root = root
+        ctx.has_nodes = nodes is not None
+        ctx.save_for_backward(s, valid, nodes if nodes is not None else s.new_empty(0), mu)
+
+    @staticmethod
+    def backward(ctx, grad_logz, _gmu):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        s, valid, nodes, mu = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            nodes = nodes if ctx.has_nodes else None
+            mu = _TreeMarginals.apply(s, valid, nodes, ctx.root)[0]
+        return grad_logz[..., None, None] * mu, None, None, None
+
+
+def _log_partition(s, valid, nodes, root):
+    return _TreeLogPartition.apply(s, valid, nodes, root)[0]
+
+
+def _marginals(s, valid, nodes, root, backward):
+    if backward == "analytic":
+        return _TreeMarginals.apply(s, valid, nodes, root)[0]
+    # "unroll": autograd through the log-space elimination (an independent algorithm),
+    # differentiable again when s requires grad.
+    x = s.to(_compute_dtype(s.dtype))
+    mu, _ = elimination_marginals(x, valid, nodes, root, create_graph=s.requires_grad)
+    return mu.to(s.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# public functions
+# --------------------------------------------------------------------------------------------
+
+def spanning_tree_log_partition(w: torch.Tensor, tau: float | torch.Tensor = 1.0,
+                                mask: torch.Tensor | None = None,
+                                lengths: torch.Tensor | None = None) -> torch.Tensor:
+    r"""log Z = log Σ_T exp(Σ_{{i,j}∈T} s_ij / τ) over the spanning trees T, s = (w + wᵀ)/2.
+
+    Kirchhoff's matrix-tree theorem: Z = det L̂, the Laplacian of the weights exp(s/τ) without
+    one row and column; computed stably as in the module docstring (float32 inputs in float64
+    internally). Differentiable by autograd: ∂ log Z/∂w_ij = μ_ij / (2τ) for i ≠ j, with μ the
+    edge marginals (each undirected edge appears in two entries of ``w``).
+
+    Args:
+        w: log-potentials; only the symmetric part (w + wᵀ)/2 is used, the diagonal is ignored.
+            ``-inf`` forbids an edge (in either direction forbids it).
+        tau: temperature τ > 0 (float or tensor broadcastable to ``(*batch)``).
+        mask: optional boolean adjacency, broadcastable to ``w``; False forbids an edge.
+        lengths: optional ``(*batch)`` integer sizes: nodes ``>= lengths`` are absent (padding).
+
+    Shape: ``w``: ``(*batch, n, n)`` -> ``(*batch)``.
+
+    Raises:
+        ValueError: non-square or n < 2, NaN/+inf, bad τ/mask/lengths, disconnected graph.
+
+    Example::
+
+        >>> n = 5
+        >>> spanning_tree_log_partition(torch.zeros(n, n))   # Cayley: (n−2) log n
+        tensor(4.8283)
+    """
+    s, valid, nodes, root = _prepare(w, tau, mask, lengths, None, True)
+    return _log_partition(s, valid, nodes, 0)
+
+
+def spanning_tree_marginals(w: torch.Tensor, tau: float | torch.Tensor = 1.0,
+                            mask: torch.Tensor | None = None,
+                            lengths: torch.Tensor | None = None,
+                            backward: str = "analytic") -> torch.Tensor:
+    r"""Edge marginals μ_ij = P({i,j} ∈ T) of p(T) ∝ exp(Σ_{{i,j}∈T} s_ij / τ), s = (w + wᵀ)/2.
+
+    μ is the regularized argmax argmax_{x ∈ conv Z} ⟨s, x⟩_△ − τ A*(x) over the spanning-tree
+    polytope with the exponential-family entropy, where ⟨s, x⟩_△ = Σ_{i<j} s_ij x_ij counts each
+    edge once. Computed by Kirchhoff's theorem through the directed one (module docstring):
+    μ_{{i,j}} = μ_{i→j} + μ_{j→i} for arborescences rooted at node 0. O(n³); memory O(n²).
+
+    Args:
+        w, tau, mask, lengths: as :func:`spanning_tree_log_partition`.
+        backward: ``"analytic"`` (closed-form vector–Jacobian product through G = L̂⁻¹) or
+            ``"unroll"`` (autograd of autograd through ``slogdet``; a reference).
+
+    Shape: ``w``: ``(*batch, n, n)`` -> ``(*batch, n, n)``, symmetric with a zero diagonal; the
+    upper triangle sums to n − 1 (to lengths − 1 with ``lengths``).
+
+    Raises:
+        ValueError: as :func:`spanning_tree_log_partition`, or an unknown ``backward``.
+
+    Example::
+
+        >>> mu = spanning_tree_marginals(torch.zeros(4, 4))
+        >>> mu[0, 1]                     # every edge of K4 is in 8 of its 16 trees
+        tensor(0.5000)
+    """
+    check_choice(backward, MARGINAL_BACKWARDS, "backward")
+    s, valid, nodes, root = _prepare(w, tau, mask, lengths, None, True)
+    mu = _marginals(s, valid, nodes, 0, backward)
+    return mu + mu.transpose(-1, -2)
+
+
+def arborescence_log_partition(w: torch.Tensor, root: int = 0, tau: float | torch.Tensor = 1.0,
+                               mask: torch.Tensor | None = None,
+                               lengths: torch.Tensor | None = None) -> torch.Tensor:
+    r"""log Z = log Σ_T exp(Σ_{(i→j)∈T} w_ij / τ) over the arborescences T rooted at ``root``.
+
+    Tutte's directed matrix-tree theorem (module docstring); float32 inputs are computed in
+    float64 internally. Differentiable by autograd; ∂ log Z/∂w = μ/τ.
+
+    Args:
+        w: log-potentials, ``w[..., i, j]`` scores the edge i → j; the diagonal and the column
+            of the root are ignored; ``-inf`` forbids an edge.
+        root: the root node.
+        tau, mask, lengths: as :func:`spanning_tree_log_partition`.
+
+    Shape: ``w``: ``(*batch, n, n)`` -> ``(*batch)``.
+
+    Raises:
+        ValueError: non-square or n < 2, NaN/+inf, bad root/τ/mask/lengths, or some node cannot
+            be reached from the root.
+
+    Example::
+
+        >>> n = 4   # n^(n−2) arborescences per root on the complete digraph
+        >>> arborescence_log_partition(torch.zeros(n, n)).exp()
+        tensor(16.)
+    """
+    s, valid, nodes, root = _prepare(w, tau, mask, lengths, root, False)
+    return _log_partition(s, valid, nodes, root)
+
+
+def arborescence_marginals(w: torch.Tensor, root: int = 0, tau: float | torch.Tensor = 1.0,
+                           mask: torch.Tensor | None = None,
+                           lengths: torch.Tensor | None = None,
+                           backward: str = "analytic") -> torch.Tensor:
+    r"""Edge marginals μ_ij = P(i → j ∈ T) of p(T) ∝ exp(Σ_{(i→j)∈T} w_ij / τ), T rooted at
+    ``root``: μ = ∇_w log Z(w/τ)·τ, the regularized argmax with the exponential-family entropy.
+
+    Computed by μ_ij = P_ij (G_jj − G_ji) (Koo et al. 2007, in the column-softmax scaling of the
+    module docstring). O(n³); memory O(n²).
+
+    Args:
+        w, root, tau, mask, lengths: as :func:`arborescence_log_partition`.
+        backward: ``"analytic"`` or ``"unroll"`` (autograd of autograd through ``slogdet``).
+
+    Shape: ``w``: ``(*batch, n, n)`` -> ``(*batch, n, n)``; zero diagonal and root column, every
+    other column sums to 1, the total is n − 1.
+
+    Raises:
+        ValueError: as :func:`arborescence_log_partition`, or an unknown ``backward``.
+
+    Example::
+
+        >>> mu = arborescence_marginals(torch.randn(5, 5), root=0)
+        >>> round(float(mu.sum()), 4)
+        4.0
+    """
+    check_choice(backward, MARGINAL_BACKWARDS, "backward")
+    s, valid, nodes, root = _prepare(w, tau, mask, lengths, root, False)
+    return _marginals(s, valid, nodes, root, backward)
