@@ -1,0 +1,439 @@
+"""Tests of perturb.structured.permutations: Sinkhorn, its backward modes, matching, the structure.
+
+Oracles: POT (entropic OT and exact EMD), scipy's linear_sum_assignment, brute force over the n!
+permutation matrices, the closed form for n = 2, the entropy bound of the τ → 0 limit, and
+float64 gradcheck for both backward modes.
+"""
+import math
+import warnings
+
+import numpy as np
+import ot
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.optimize import linear_sum_assignment
+
+import perturb
+from perturb.structured import Permutations, gumbel_sinkhorn, matching, sinkhorn
+from perturb.structured._sinkhorn import sinkhorn_vjp
+from perturb.structured.permutations import SinkhornConvergenceWarning
+
+F64 = torch.float64
+
+
+def _randn(*shape, seed=0, dtype=F64):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _marginals(n, m, batch=(), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.rand(*batch, n, generator=g, dtype=F64) + 0.5
+    b = torch.rand(*batch, m, generator=g, dtype=F64) + 0.5
+    return a, b * a.sum(-1, keepdim=True) / b.sum(-1, keepdim=True)
+
+
+def _project(ga, gb):
+    """Remove the gauge (t, -t) from marginal gradients: representative with Σ∂a = Σ∂b."""
+    t = ((gb.sum(-1) - ga.sum(-1)) / (ga.shape[-1] + gb.shape[-1])).unsqueeze(-1)
+    return ga + t, gb - t
+
+
+# ------------------------------------------------------------------------------------------
+# forward
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("tau", [1.0, 0.3])
+def test_doubly_stochastic_to_tolerance(dtype, tol, tau):
+    w = _randn(3, 2, 6, 6, dtype=dtype)
+    P = sinkhorn(w, tau=tau, n_iters=2000, tol=tol)
+    assert P.shape == w.shape and P.dtype == dtype
+    assert bool((P >= 0).all())
+    assert (P.sum(-1) - 1).abs().max() <= tol
+    assert (P.sum(-2) - 1).abs().max() <= tol
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.25])
+def test_matches_pot_square(tau):
+    w = _randn(3, 5, 5, seed=1)
+    P = sinkhorn(w, tau=tau, n_iters=5000, tol=1e-12)
+    ones = torch.ones(5, dtype=F64)
+    for k in range(3):
+        ref = ot.sinkhorn(ones, ones, -w[k], tau, method="sinkhorn_log", stopThr=1e-13,
+                          numItermax=20000)
+        torch.testing.assert_close(P[k], ref, atol=1e-9, rtol=0)
+
+
+def test_matches_pot_rectangular_marginals():
+    w = _randn(2, 4, 7, seed=2)
+    a, b = _marginals(4, 7, (2,), seed=3)
+    P = sinkhorn(w, tau=0.5, n_iters=5000, tol=1e-12, a=a, b=b)
+    torch.testing.assert_close(P.sum(-1), a, atol=1e-10, rtol=0)
+    torch.testing.assert_close(P.sum(-2), b, atol=1e-10, rtol=0)
+    for k in range(2):
+        ref = ot.sinkhorn(a[k], b[k], -w[k], 0.5, method="sinkhorn_log", stopThr=1e-13,
+                          numItermax=20000)
+        torch.testing.assert_close(P[k], ref, atol=1e-9, rtol=0)
+
+
+def test_two_by_two_closed_form():
+    # P = [[p, 1-p], [1-p, p]] with p = sigmoid((w11 + w22 - w12 - w21) / (2 tau))
+    w = _randn(10, 2, 2, seed=4)
+    tau = 0.7
+    P = sinkhorn(w, tau=tau, n_iters=500, tol=1e-13)
+    p = torch.sigmoid((w[:, 0, 0] + w[:, 1, 1] - w[:, 0, 1] - w[:, 1, 0]) / (2 * tau))
+    expected = torch.stack([torch.stack([p, 1 - p], -1), torch.stack([1 - p, p], -1)], -2)
+    torch.testing.assert_close(P, expected, atol=1e-12, rtol=0)
+
+
+def test_tensor_tau_is_per_problem():
+    w = _randn(3, 4, 4, seed=5)
+    tau = torch.tensor([0.3, 1.0, 2.0], dtype=F64)
+    P = sinkhorn(w, tau=tau, n_iters=3000, tol=1e-12)
+    for k in range(3):
+        torch.testing.assert_close(P[k], sinkhorn(w[k], tau=float(tau[k]), n_iters=3000,
+                                                  tol=1e-12), atol=1e-12, rtol=0)
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 6), m=st.integers(1, 6), batch=st.integers(1, 3),
+       tau=st.floats(0.2, 5.0), seed=st.integers(0, 2**16), square=st.booleans())
+def test_property_marginals_and_optimality(n, m, batch, tau, seed, square):
+    """Marginals hold and τ log P − W is additively separable (f_i + g_j): the KKT conditions."""
+    if square:
+        m = n
+    w = _randn(batch, n, m, seed=seed)
+    a, b = (None, None) if square else _marginals(n, m, (batch,), seed=seed + 1)
+    P = sinkhorn(w, tau=tau, n_iters=5000, tol=1e-11, a=a, b=b)
+    a_ = torch.ones(batch, n, dtype=F64) if square else a
+    b_ = torch.ones(batch, m, dtype=F64) if square else b
+    torch.testing.assert_close(P.sum(-1), a_, atol=1e-10, rtol=0)
+    torch.testing.assert_close(P.sum(-2), b_, atol=1e-9, rtol=0)
+    L = tau * torch.log(P) - w
+    resid = L - L[..., :, :1] - L[..., :1, :] + L[..., :1, :1]
+    assert resid.abs().max() < 1e-8
+
+
+# ------------------------------------------------------------------------------------------
+# matching and the τ → 0 limit
+# ------------------------------------------------------------------------------------------
+
+def test_matching_equals_scipy_emd_and_brute_force():
+    w = _randn(3, 2, 5, 5, seed=6)
+    M = matching(w)
+    assert M.shape == w.shape and M.dtype == w.dtype
+    assert bool(Permutations().check(M).all())
+    verts = Permutations().enumerate(5, dtype=F64)
+    flat_w, flat_m = w.reshape(-1, 5, 5), M.reshape(-1, 5, 5)
+    uniform = torch.full((5,), 1 / 5, dtype=F64)
+    for wk, mk in zip(flat_w, flat_m):
+        r, c = linear_sum_assignment(wk.numpy(), maximize=True)
+        ref = torch.zeros(5, 5, dtype=F64)
+        ref[r, c] = 1
+        torch.testing.assert_close(mk, ref)
+        torch.testing.assert_close(mk, 5 * ot.emd(uniform, uniform, -wk))
+        torch.testing.assert_close(mk, verts[(verts * wk).sum((-2, -1)).argmax()])
+
+
+def test_matching_rectangular_and_float32():
+    w = _randn(4, 3, 5, seed=7, dtype=torch.float32)
+    M = matching(w)
+    assert M.dtype == torch.float32
+    assert bool((M.sum(-1) == 1).all()) and bool((M.sum(-2) <= 1).all())
+    for wk, mk in zip(w, M):
+        r, c = linear_sum_assignment(wk.numpy(), maximize=True)
+        assert float(mk[r, c].sum()) == 3
+
+
+def test_small_tau_approaches_matching():
+    """⟨W, M⟩ − ⟨W, P_τ⟩ ≤ τ (H(P_τ) − H(M)) ≤ τ n log n, and, writing P_τ as a mixture of
+    permutations with weight λ on M, max|P_τ − M| ≤ 1 − λ ≤ (⟨W, M⟩ − ⟨W, P_τ⟩)/Δ with Δ the
+    gap between the best and second-best permutation (brute force)."""
+    n = 6
+    w = 3 * _randn(n, n, seed=8)
+    M = matching(w)
+    values = (Permutations().enumerate(n, dtype=F64) * w).sum((-2, -1)).sort(descending=True)[0]
+    delta = float(values[0] - values[1])
+    dists = []
+    for tau in (1.0, 0.1, 0.03):
+        P = sinkhorn(w, tau=tau, n_iters=3000, tol=1e-10)
+        value_gap = float(((M - P) * w).sum())
+        assert -1e-9 <= value_gap <= tau * n * math.log(n) + 1e-9
+        dist = float((P - M).abs().max())
+        assert dist <= value_gap / delta + 1e-9
+        dists.append(dist)
+    assert dists == sorted(dists, reverse=True)
+    assert dists[-1] <= 0.03 * n * math.log(n) / delta
+
+
+# ------------------------------------------------------------------------------------------
+# backward
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(2, 5, 5), (2, 4, 6), (2, 6, 3)])
+def test_implicit_equals_unroll(shape):
+    n, m = shape[-2:]
+    g_up = _randn(*shape, seed=9)
+    grads = {}
+    for mode in ("implicit", "unroll"):
+        w = _randn(*shape, seed=10).requires_grad_()
+        tau = torch.tensor([0.6, 1.3], dtype=F64, requires_grad=True)
+        a, b = _marginals(n, m, (2,), seed=11)
+        a.requires_grad_(), b.requires_grad_()
+        P = sinkhorn(w, tau=tau, n_iters=5000, tol=1e-13, a=a, b=b, backward=mode)
+        gw, gt, ga, gb = torch.autograd.grad((P * g_up).sum(), (w, tau, a, b))
+        grads[mode] = (gw, gt, *_project(ga, gb))
+    for x, y in zip(grads["implicit"], grads["unroll"]):
+        torch.testing.assert_close(x, y, atol=1e-9, rtol=1e-7)
+    assert grads["implicit"][0].abs().max() > 1e-3  # a gradient that says something
+
+
+@pytest.mark.parametrize("backward", ["implicit", "unroll"])
+def test_gradcheck_square(backward):
+    w = _randn(2, 3, 3, seed=12).requires_grad_()
+    tau = torch.tensor(0.8, dtype=F64, requires_grad=True)
+
+    def f(w, tau):
+        return sinkhorn(w, tau=tau, n_iters=3000, tol=1e-14, backward=backward)
+
+    assert torch.autograd.gradcheck(f, (w, tau))
+
+
+@pytest.mark.parametrize("backward", ["implicit", "unroll"])
+def test_gradcheck_marginals(backward):
+    """Gradients w.r.t. a, b along feasible directions: b is renormalised to the mass of a."""
+    w = _randn(3, 4, seed=13).requires_grad_()
+    a, b = _marginals(3, 4, seed=14)
+    a.requires_grad_(), b.requires_grad_()
+
+    def f(w, a, b):
+        b = b * a.sum() / b.sum()
+        return sinkhorn(w, tau=0.9, n_iters=3000, tol=1e-14, a=a, b=b, backward=backward)
+
+    assert torch.autograd.gradcheck(f, (w, a, b))
+
+
+def test_vjp_is_symmetric():
+    """τ ∂P/∂W is the Hessian of a convex function: ⟨J G1, G2⟩ = ⟨G1, J G2⟩."""
+    w = _randn(2, 5, 4, seed=15)
+    a, b = _marginals(5, 4, (2,), seed=16)
+    P = sinkhorn(w, tau=0.5, n_iters=3000, tol=1e-13, a=a, b=b)
+    g1, g2 = _randn(2, 5, 4, seed=17), _randn(2, 5, 4, seed=18)
+    j1 = sinkhorn_vjp(P, g1, a, b)[0]
+    j2 = sinkhorn_vjp(P, g2, a, b)[0]
+    torch.testing.assert_close((j1 * g2).sum((-2, -1)), (j2 * g1).sum((-2, -1)), atol=1e-12,
+                               rtol=0)
+    # the plan's marginals are fixed: J G has zero row and column sums
+    torch.testing.assert_close(j1.sum(-1), torch.zeros(2, 5, dtype=F64), atol=1e-12, rtol=0)
+    torch.testing.assert_close(j1.sum(-2), torch.zeros(2, 4, dtype=F64), atol=1e-12, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------
+# masks (padded variable-size batches)
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backward", ["implicit", "unroll"])
+def test_mask_equals_unpadded_square(backward):
+    sizes, n = [3, 5, 4], 5
+    w = _randn(3, n, n, seed=19).requires_grad_()
+    valid = torch.arange(n) < torch.tensor(sizes).unsqueeze(-1)
+    mask = valid.unsqueeze(-1) & valid.unsqueeze(-2)
+    g_up = _randn(3, n, n, seed=20)
+    P = sinkhorn(w, tau=0.5, n_iters=3000, tol=1e-12, mask=mask, backward=backward)
+    (gw,) = torch.autograd.grad((P * g_up).sum(), w)
+    assert bool((P[~mask] == 0).all()) and bool((gw[~mask] == 0).all())
+    for k, s in enumerate(sizes):
+        wk = w[k, :s, :s].detach().clone().requires_grad_()
+        Pk = sinkhorn(wk, tau=0.5, n_iters=3000, tol=1e-12, backward=backward)
+        (gk,) = torch.autograd.grad((Pk * g_up[k, :s, :s]).sum(), wk)
+        torch.testing.assert_close(P[k, :s, :s], Pk, atol=1e-11, rtol=0)
+        torch.testing.assert_close(gw[k, :s, :s], gk, atol=1e-9, rtol=1e-7)
+
+
+def test_mask_rectangular_with_marginals():
+    rows, cols, n, m = [2, 4], [5, 3], 4, 5
+    w = _randn(2, n, m, seed=21)
+    a = torch.rand(2, n, dtype=F64, generator=torch.Generator().manual_seed(22)) + 0.5
+    b = torch.rand(2, m, dtype=F64, generator=torch.Generator().manual_seed(23)) + 0.5
+    rv = torch.arange(n) < torch.tensor(rows).unsqueeze(-1)
+    cv = torch.arange(m) < torch.tensor(cols).unsqueeze(-1)
+    b = b * (a * rv).sum(-1, keepdim=True) / (b * cv).sum(-1, keepdim=True)
+    a = a.clone()
+    a[~rv] = 123.0  # padded entries are ignored, whatever they hold
+    mask = rv.unsqueeze(-1) & cv.unsqueeze(-2)
+    P = sinkhorn(w, tau=0.4, n_iters=3000, tol=1e-12, a=a, b=b, mask=mask)
+    for k in range(2):
+        r, c = rows[k], cols[k]
+        ref = sinkhorn(w[k, :r, :c], tau=0.4, n_iters=3000, tol=1e-12, a=a[k, :r], b=b[k, :c])
+        torch.testing.assert_close(P[k, :r, :c], ref, atol=1e-11, rtol=0)
+        assert float(P[k].sum()) == pytest.approx(float(a[k, :r].sum()), abs=1e-10)
+
+
+# ------------------------------------------------------------------------------------------
+# numerical stability
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backward", ["implicit", "unroll"])
+def test_extreme_scores_and_tiny_tau_are_finite(dtype, backward):
+    w = (1e4 * torch.sign(_randn(2, 8, 8, seed=24))).to(dtype)
+    w = (w + _randn(2, 8, 8, seed=25).to(dtype)).requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SinkhornConvergenceWarning)
+        P = sinkhorn(w, tau=1e-3, n_iters=50, backward=backward)
+    (gw,) = torch.autograd.grad((P * _randn(2, 8, 8, seed=26).to(dtype)).sum(), w)
+    assert bool(torch.isfinite(P).all()) and bool(torch.isfinite(gw).all())
+    assert bool((P >= 0).all())
+    if dtype == torch.float64:  # float32 cannot resolve W/τ ≈ 1e7 (ulp 1): only finiteness
+        assert (P.sum(-1) - 1).abs().max() < 1e-6  # the last update was the row one
+
+
+def test_float32_precision_warning():
+    w = 1e4 * _randn(2, 5, 5, seed=36, dtype=torch.float32)
+    with pytest.warns(SinkhornConvergenceWarning, match="float64 or a larger tau"):
+        sinkhorn(w, tau=1e-3, n_iters=200)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_n1000_extreme_is_finite(dtype):
+    w = (1e4 * (2 * torch.rand(1, 1000, 1000, generator=torch.Generator().manual_seed(27),
+                                dtype=dtype) - 1)).requires_grad_()
+    with pytest.warns(SinkhornConvergenceWarning):
+        P = sinkhorn(w, tau=1e-3, n_iters=2)
+    (P * P.detach()).sum().backward()
+    assert bool(torch.isfinite(P).all()) and bool(torch.isfinite(w.grad).all())
+
+
+def test_non_convergence_warning_says_what_to_change():
+    w = _randn(4, 6, 6, seed=28)
+    with pytest.warns(SinkhornConvergenceWarning, match=r"increase n_iters.*larger tau"):
+        sinkhorn(w, tau=0.05, n_iters=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SinkhornConvergenceWarning)
+        sinkhorn(w, tau=1.0, n_iters=500)
+
+
+# ------------------------------------------------------------------------------------------
+# bad input
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(log_alpha=torch.zeros(3, 4)), "square"),
+    (dict(tau=0.0), "tau"),
+    (dict(tau=-1.0), "tau"),
+    (dict(log_alpha=torch.full((3, 3), float("nan"))), "log_alpha"),
+    (dict(log_alpha=torch.zeros(3, 3, dtype=torch.int64)), "log_alpha"),
+    (dict(log_alpha=torch.zeros(3)), "log_alpha"),
+    (dict(a=torch.ones(3)), "together"),
+    (dict(a=torch.tensor([1., -1., 3.]), b=torch.ones(3)), "a must be finite and > 0"),
+    (dict(a=torch.ones(3), b=torch.tensor([1., 0., 2.])), "b must be finite and > 0"),
+    (dict(a=torch.ones(3), b=torch.full((3,), 2.0)), "equal sums"),
+    (dict(a=torch.ones(4), b=torch.ones(3)), "a must have shape"),
+    (dict(n_iters=0), "n_iters"),
+    (dict(tol=-1.0), "tol"),
+    (dict(backward="magic"), "backward"),
+    (dict(mask=torch.ones(3, 3)), "mask"),
+    (dict(mask=torch.tensor([[True, True, False]] * 3)), "mask"),
+])
+def test_bad_input_raises_naming_the_argument(kwargs, match):
+    args = dict(log_alpha=torch.zeros(3, 3))
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        sinkhorn(**args)
+
+
+def test_matching_bad_input():
+    with pytest.raises(ValueError, match="w"):
+        matching(torch.tensor([[float("nan"), 0.0], [0.0, 0.0]]))
+    with pytest.raises(ValueError, match="w"):
+        matching(torch.zeros(3))
+
+
+# ------------------------------------------------------------------------------------------
+# the structure, the registry and Gumbel-Sinkhorn
+# ------------------------------------------------------------------------------------------
+
+def test_structure_contract():
+    s = Permutations()
+    verts = s.enumerate(4)
+    assert verts.shape == (24, 4, 4)
+    assert len({tuple(v.flatten().tolist()) for v in verts}) == 24
+    assert bool(s.check(verts).all())
+    assert not bool(s.check(torch.full((4, 4), 0.25)))
+    assert not bool(s.check(torch.eye(4)[[0, 0, 1, 2]]))
+    assert repr(s) == "Permutations()"
+    assert repr(Permutations(n_iters=50)) == "Permutations(n_iters=50)"
+    w = _randn(2, 4, 4, seed=29)
+    torch.testing.assert_close(perturb.argmax(w, s), matching(w))
+
+
+def test_registry_solver_and_unsupported_pair():
+    w = _randn(2, 4, 4, seed=30)
+    P = perturb.regularized_argmax(w, Permutations(n_iters=2000, tol=1e-12), tau=0.5)
+    torch.testing.assert_close(P, sinkhorn(w, tau=0.5, n_iters=2000, tol=1e-12))
+    pairs = {(p.structure, p.regularizer): p for p in perturb.registered_pairs()}
+    assert pairs[("Permutations", "Entropy")].backward[:2] == ("implicit", "unroll")
+    assert not pairs[("Permutations", "ExpFamilyEntropy")].supported
+    with pytest.raises(NotImplementedError, match="permanent"):
+        perturb.regularized_argmax(w, Permutations(), perturb.ExpFamilyEntropy())
+
+
+def test_relax_hard_is_straight_through_permutation():
+    theta = _randn(3, 5, 5, seed=31).requires_grad_()
+    g = torch.Generator().manual_seed(0)
+    P = perturb.relax(theta, structure=Permutations(n_iters=2000), tau=0.5, hard=True,
+                      generator=g)
+    assert bool(Permutations().check(P).all())
+    (P * _randn(3, 5, 5, seed=32)).sum().backward()
+    assert bool(torch.isfinite(theta.grad).all()) and theta.grad.abs().max() > 0
+
+
+def test_gumbel_sinkhorn_is_sinkhorn_of_perturbed_scores():
+    theta = _randn(2, 4, 4, seed=33)
+    P1 = gumbel_sinkhorn(theta, tau=0.5, n_samples=3, generator=torch.Generator().manual_seed(5))
+    u = perturb.perturb(theta, perturb.Gumbel(), 3, torch.Generator().manual_seed(5))
+    torch.testing.assert_close(P1, sinkhorn(u, tau=0.5))
+    assert P1.shape == (3, 2, 4, 4)
+    P2 = gumbel_sinkhorn(theta, tau=0.5, noise=perturb.Normal(),
+                         generator=torch.Generator().manual_seed(5), n_iters=500, tol=1e-10)
+    torch.testing.assert_close(P2.sum(-1), torch.ones(2, 4, dtype=F64), atol=1e-10, rtol=0)
+    assert not torch.allclose(P2, P1[0])
+
+
+@pytest.mark.filterwarnings("ignore::perturb.structured.permutations.SinkhornConvergenceWarning")
+def test_gumbel_matching_frequencies_n2():
+    """At small τ Gumbel-Sinkhorn samples the perturb-and-MAP distribution over permutations: on
+    2x2 the identity is chosen when u11 + u22 > u12 + u21 (reference: direct Gumbel draws; the
+    tolerance is 4 standard errors of the 4000-sample frequency)."""
+    theta = torch.tensor([[0.5, 0.0], [0.0, 0.0]], dtype=F64)
+    n = 4000
+    P = gumbel_sinkhorn(theta, tau=1e-2, n_samples=n, generator=torch.Generator().manual_seed(6),
+                        n_iters=200)
+    hard = (P[:, 0, 0] > 0.5).double()
+    # reference: the same event computed directly from independent Gumbel draws
+    gum = perturb.Gumbel().sample((200_000, 2, 2), generator=torch.Generator().manual_seed(7),
+                                  dtype=F64)
+    u = theta + gum
+    p_ref = float(((u[:, 0, 0] + u[:, 1, 1]) > (u[:, 0, 1] + u[:, 1, 0])).double().mean())
+    se = math.sqrt(p_ref * (1 - p_ref) / n)
+    assert abs(float(hard.mean()) - p_ref) < 4 * se
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("backward", ["implicit", "unroll"])
+def test_cuda_matches_cpu(backward):
+    w = _randn(4, 16, 16, seed=34, dtype=torch.float32)
+    wc = w.cuda().requires_grad_()
+    wh = w.clone().requires_grad_()
+    Pc = sinkhorn(wc, tau=0.5, n_iters=500, backward=backward)
+    Ph = sinkhorn(wh, tau=0.5, n_iters=500, backward=backward)
+    assert Pc.device.type == "cuda"
+    torch.testing.assert_close(Pc.cpu(), Ph, atol=1e-5, rtol=1e-4)
+    g = _randn(4, 16, 16, seed=35, dtype=torch.float32)
+    (Pc * g.cuda()).sum().backward()
+    (Ph * g).sum().backward()
+    torch.testing.assert_close(wc.grad.cpu(), wh.grad, atol=1e-4, rtol=1e-3)
+    assert matching(wc).device.type == "cuda"
+    torch.testing.assert_close(matching(wc).cpu(), matching(wh))
