@@ -18,6 +18,11 @@ How each is evaluated:
   ``p_i = ∫ f(x−θ_i) Π_{j≠i} F(x−θ_j) dx`` and
   ``∂p_i/∂θ_j = −∫ f(x−θ_i) f(x−θ_j) Π_{k≠i,j} F(x−θ_k) dx`` (i ≠ j; rows sum to zero),
   with panel edges at the kinks of bounded noise, so that both are exact to ~1e-13.
+  This is not ``noise.argmax_probs``: it works in log space (``log p_i`` keeps its relative
+  accuracy for ``p_i`` down to 1e-300, which the Newton solve in log coordinates needs, where
+  the grid of :mod:`perturb.noise` covers the max only and is accurate in absolute terms), gives
+  the Hessian in closed form, and takes duck-typed noise with only ``cdf``/``log_prob``. The
+  Gauss-Legendre rule itself is shared (:mod:`perturb._noise_quadrature`).
   Noise with only ``argmax_probs`` gets a central finite-difference Jacobian.
 - Perturb-Softmax: randomized quasi-Monte Carlo with common random numbers: one scrambled
   Sobol point set, ``n_reps`` independent uniform shifts modulo 1 (Cranley-Patterson
@@ -34,6 +39,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from perturb._noise_quadrature import _pieces
 from perturb._validation import check_choice, check_int, check_tau
 
 PARAM_SPACES = ("free", "last_zero", "sum_zero")
@@ -245,18 +251,6 @@ def _log_prob(noise: Any, x: torch.Tensor) -> torch.Tensor:
     return _as(noise.log_prob, x).nan_to_num(nan=-math.inf)
 
 
-def _gauss_legendre(edges: torch.Tensor, n_per_panel: int = _GL_NODES
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    import numpy as np
-
-    t, w = np.polynomial.legendre.leggauss(n_per_panel)
-    t, w = torch.as_tensor(t, dtype=_DT), torch.as_tensor(w, dtype=_DT)
-    a, b = edges[:-1, None], edges[1:, None]
-    x = 0.5 * (b - a) * t + 0.5 * (a + b)
-    wx = 0.5 * (b - a) * w
-    return x.reshape(-1), wx.reshape(-1)
-
-
 def _quad_grid(theta: torch.Tensor, noise: Any, panel: float | None) -> tuple[torch.Tensor,
                                                                               torch.Tensor]:
     low, high = support(noise)
@@ -274,7 +268,7 @@ def _quad_grid(theta: torch.Tensor, noise: Any, panel: float | None) -> tuple[to
     if is_bounded(noise):  # kinks of bounded densities become panel edges: exact for polynomials
         kinks = torch.cat([theta + low, theta + high])
         edges = torch.unique(torch.cat([edges, kinks]))
-    return _gauss_legendre(edges)
+    return _pieces(edges, _GL_NODES)   # the Gauss–Legendre rule of perturb.noise
 
 
 def argmax_quadrature(theta: torch.Tensor, noise: Any, *, panel: float | None = None,

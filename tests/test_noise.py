@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate, special, stats
 
+from perturb._noise_quadrature import _quadrature_argmax_probs, _quadrature_expected_max
 from perturb.noise import (EULER_GAMMA, Discrete, Gaussian, Gumbel, Logistic, Noise, Normal,
-                           Uniform, _quadrature_argmax_probs, _quadrature_expected_max)
+                           Uniform)
 
 F64 = torch.float64
 
