@@ -27,10 +27,11 @@ and μ_{{i,j}} = μ_{i→j} + μ_{j→i}.
 Analytic backward. For ℓ = Σ_ij ḡ_ij μ_ij, with K = ḡ ⊙ P, M = diag(1ᵀK) − Kᵀ and
 N = Gᵀ M Gᵀ (from dG = −G dL̂ G),
 
-    ∂ℓ/∂s_ij = P_ij [ ḡ_ij (G_jj − G_ji) − N_jj + N_ij ],
+    ∂ℓ/∂s_ij = P_ij [ ḡ_ij (G_jj − G_ji) − N_jj + N_ij ] = ḡ_ij μ_ij + P_ij (N_ij − N_jj),
 
-three O(n³) matrix products and no second factorisation (derivation in docs/trees.md). The
-formulas hold in the scaled variables because the column scaling is an exact invariance.
+with Nᵀ = G (diag(1ᵀK) − K) G: two O(n³) matrix products (μ is saved by the forward) and no
+second factorisation (derivation in docs/trees.md). The formulas hold in the scaled variables
+because the column scaling is an exact invariance.
 
 Precision. float16/bfloat16/float32 inputs are computed in float64 internally and cast back:
 det(I − P̂) is the product of the pivots and the marginals are differences G_jj − G_ji, both of
@@ -38,8 +39,8 @@ which lose every digit in float32 once the scores spread over a few units. Even 
 LU path cancels when the best-scoring edges form cycles with much weaker exits (score gaps of a
 few tens of units, or small τ). Each result is therefore checked a posteriori (finite, μ in
 [0, 1], every non-root column of μ summing to 1 within 1e-9/n, positive determinant, and the
-first-order error bound eps·‖G‖₁² of the inverse below 1e-8) and the
-failing batch elements are recomputed by the log-space elimination of
+first-order error bound eps·‖G‖₁² of the inverse below 1e-8; a few O(n²) reductions, no host
+synchronisation) and the failing batch elements are recomputed by the log-space elimination of
 :mod:`perturb.structured._tree_elimination`, exact for any scale but 10–50× slower.
 
 Backward modes: ``"analytic"`` (the formula above; once differentiable) and ``"unroll"``
@@ -195,6 +196,19 @@ def _prepare(w, tau, mask, lengths, root, symmetric, name="w"):
     nodes = _node_mask(w, lengths)
     if nodes is not None and root != 0 and bool((~nodes[..., root]).any()):
         raise ValueError(f"root={root} lies beyond the graph size given by lengths")
+    if mask is None and nodes is None and bool(torch.isfinite(w.detach().sum())):
+        # common case: complete graph, no -inf (a finite sum rules out ±inf and NaN). The
+        # allowed edges are the same for every batch element: an (n, n) pattern broadcast over
+        # the batch (a view), the graph is connected (the root reaches every node directly),
+        # and nothing needs zero-filling (every forbidden entry is finite and gets weight
+        # exactly 0 below, so its gradient is exactly 0 too).
+        valid = ~torch.eye(n, dtype=torch.bool, device=w.device)
+        dvalid = valid.clone()
+        dvalid[:, root] = False
+        if not symmetric:
+            valid = dvalid
+        w_f = 0.5 * (w + w.transpose(-1, -2)) if symmetric else w
+        return _scale(w_f, tau), dvalid.expand(w.shape), None, root
     valid = _edge_mask(w, mask, nodes, root if not symmetric else None, symmetric)
     if symmetric:
         dvalid = valid.clone()
@@ -220,26 +234,33 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _column_softmax(s: torch.Tensor, valid: torch.Tensor):
     """c_j = logsumexp_i s_ij over allowed edges (0 for columns without any) and
-    P_ij = exp(s_ij − c_j) (0 on forbidden edges)."""
-    x = s.masked_fill(~valid, -torch.inf)
-    c = torch.logsumexp(x, dim=-2)
-    has = valid.any(dim=-2)
-    c = torch.where(has, c, torch.zeros_like(c))
-    P = torch.exp(x - c.unsqueeze(-2))
-    return P, c, has
+    P_ij = exp(s_ij − c_j) (0 on forbidden edges); ``has`` ``(*batch, n)`` marks the columns
+    with an allowed edge. Six passes over the scores: fill, column max m, subtract, exp (both
+    in place), column sum z, scale by 1/z; then c = m + log z."""
+    P = s.masked_fill(~valid, -torch.inf)
+    m = P.amax(dim=-2)
+    has = m > -torch.inf
+    m = torch.where(has, m, torch.zeros_like(m))
+    P.sub_(m.unsqueeze(-2)).exp_()
+    z = P.sum(dim=-2)
+    z = torch.where(has, z, torch.ones_like(z))
+    P.mul_(z.reciprocal().unsqueeze(-2))
+    return P, m + torch.log(z), has
 
 
 def _reduced_matrix(P: torch.Tensor, root: int, inner: torch.Tensor) -> torch.Tensor:
-    """The scaled Laplacian diag(1ᵀP) − P with the root's row removed from P and identity rows
-    and columns at the root and absent nodes: block-diagonal(I, I − P̂) up to permutation.
+    """The scaled Laplacian I − P with the root's row removed from P, and identity rows and
+    columns at the root and absent nodes: block-diagonal(I, I − P̂) up to permutation.
 
-    The diagonal is the column sum of P (= 1 at the shift c = logsumexp) written out so that
-    autograd differentiates it correctly at a detached shift.
+    The diagonal of diag(1ᵀP) − P is the column sum of the column-stochastic P, 1 up to
+    rounding (a backward error of a few eps, the order of the factorisation's own), and exactly
+    1 at the root and absent nodes; P's own diagonal is 0 (no loops). Forward only (no autograd
+    through it).
     """
-    Pr = P.clone()
-    Pr[..., root, :] = 0
-    diag = P.sum(dim=-2) * inner + (~inner).to(P.dtype)
-    return torch.diag_embed(diag) - Pr
+    Lf = torch.neg(P)
+    Lf[..., root, :] = 0
+    Lf.diagonal(dim1=-2, dim2=-1).fill_(1.0)
+    return Lf
 
 
 def _inner_nodes(shape: torch.Size, nodes: torch.Tensor | None, root: int,
@@ -262,18 +283,23 @@ def _check_tolerance(n: int) -> float:
     return 1e-9 / n
 
 
+@torch.no_grad()
 def _lu_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, root: int,
               need_logz: bool = True):
     """Fast path: (μ, log Z, P, G, bad) in the compute dtype from one LU factorisation.
 
     G = (I − P̂)⁻¹ padded with zeros at the root and absent nodes; ``bad`` ``(*batch)`` marks
     the elements whose result fails the a-posteriori check (log Z is only formed, from the LU
-    factors, when ``need_logz``; otherwise one ``inv`` call and log Z = 0): a non-finite value, a
-    marginal
-    outside [0, 1], a column of μ not summing to 1 (an identity of the exact inverse:
-    Σ_i P_ij (G_jj − G_ji) = (G(I − P̂))_jj), a non-positive determinant, or a first-order
-    error bound eps·‖G‖₁² above ``_ERROR_BUDGET`` (the column-sum identity alone can hold for a
-    wrong inverse of a nearly singular matrix).
+    factors, when ``need_logz``; otherwise one ``inv_ex`` call and log Z = 0): a singular
+    factorisation, a non-finite value, a marginal outside [0, 1], a column of μ not summing to
+    1 (an identity of the exact inverse: Σ_i P_ij (G_jj − G_ji) = (G(I − P̂))_jj), a
+    non-positive determinant, or a first-order error bound eps·‖G‖₁² above ``_ERROR_BUDGET``
+    (the column-sum identity alone can hold for a wrong inverse of a nearly singular matrix).
+
+    Cost: the inverse plus about a dozen passes over n² entries (no extra O(n³) work); the
+    checks are three reductions written as ``~(x <= bound)`` so that NaN fails them too (which
+    makes a separate finiteness pass over μ unnecessary: ±inf and NaN in μ fail the range or
+    column-sum test). No host synchronisation.
     """
     n = s.shape[-1]
     x = s.to(_compute_dtype(s.dtype))
@@ -281,34 +307,41 @@ def _lu_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, 
     inner = _inner_nodes(P.shape, nodes, root, P.device)
     Lf = _reduced_matrix(P, root, inner)
     if need_logz:
-        LU, pivots, _ = torch.linalg.lu_factor_ex(Lf)
+        LU, pivots, info = torch.linalg.lu_factor_ex(Lf)
         eye = torch.eye(n, dtype=P.dtype, device=P.device).expand_as(LU)
         G = torch.linalg.lu_solve(LU, pivots, eye)
     else:
-        G, _ = torch.linalg.inv_ex(Lf)
+        G, info = torch.linalg.inv_ex(Lf)
     innerf = inner.to(P.dtype)
-    G = G * innerf.unsqueeze(-1) * innerf.unsqueeze(-2)
+    if nodes is None:
+        # Lf is block-diagonal (the root's row and column are e_r), so the LU and the inverse
+        # keep exact zeros there; only G_rr = 1 needs clearing (the whole row and column are
+        # cleared to stay exact when a non-finite value reached them).
+        G[..., root, :] = 0
+        G[..., :, root] = 0
+    else:
+        G = G * innerf.unsqueeze(-1) * innerf.unsqueeze(-2)
     dG = torch.diagonal(G, dim1=-2, dim2=-1)
-    mu = P * (dG.unsqueeze(-2) - G.transpose(-1, -2))
+    mu = torch.sub(dG.unsqueeze(-2), G.transpose(-1, -2)).mul_(P)
     if need_logz:
         # sign of det = parity of the row swaps times the signs of U's diagonal
         dU = torch.diagonal(LU, dim1=-2, dim2=-1)
         ar = torch.arange(1, n + 1, device=P.device, dtype=pivots.dtype)
         negative = ((pivots != ar).sum(-1) + (dU < 0).sum(-1)) % 2 == 1
         logz = torch.log(dU.abs()).sum(-1) + (c * innerf).sum(-1)
+        bad = negative | ~torch.isfinite(logz)
     else:
-        negative = torch.zeros(mu.shape[:-2], dtype=torch.bool, device=mu.device)
         logz = torch.zeros(mu.shape[:-2], dtype=mu.dtype, device=mu.device)
+        bad = torch.zeros(mu.shape[:-2], dtype=torch.bool, device=mu.device)
     tol = _check_tolerance(n)
-    col_err = ((mu.sum(dim=-2) - 1).abs() * innerf).amax(dim=-1)
+    col_err = torch.where(inner, (mu.sum(dim=-2) - 1).abs(), 0.0).amax(dim=-1)
+    lo, hi = mu.flatten(-2).aminmax(dim=-1)
     # first-order error of the inverse: δG = −G δL G with ‖δL‖ ~ eps‖L‖ (backward stability),
     # ‖L‖₁ ≤ 2, so |δμ| ≲ 4 eps ‖G‖₁²; above the budget the inverse cannot be trusted
     g_norm = G.abs().sum(dim=-2).amax(dim=-1)
-    unstable = torch.finfo(G.dtype).eps * g_norm * g_norm > _ERROR_BUDGET
-    bad = (~torch.isfinite(mu).all(dim=-1).all(dim=-1)) | ~torch.isfinite(logz) | negative \
-        | unstable \
-        | (col_err > tol) | (mu < -tol).any(dim=-1).any(dim=-1) \
-        | (mu > 1 + tol).any(dim=-1).any(dim=-1)
+    eps = torch.finfo(G.dtype).eps
+    bad = bad | (info != 0) | ~(eps * g_norm * g_norm <= _ERROR_BUDGET) \
+        | ~(col_err <= tol) | ~(lo >= -tol) | ~(hi <= 1 + tol)
     return mu, logz, P, G, bad
 
 
@@ -328,24 +361,31 @@ def _solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, roo
     return mu, logz, P, G, bad
 
 
-def _marginals_backward(P: torch.Tensor, G: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+def _marginals_backward(P: torch.Tensor, G: torch.Tensor, grad: torch.Tensor,
+                        mu: torch.Tensor | None = None) -> torch.Tensor:
     """Vector–Jacobian product of μ_ij = P_ij (G_jj − G_ji) with respect to the log-potentials.
 
-    ∂ℓ/∂s_ij = P_ij [ḡ_ij (G_jj − G_ji) − N_jj + N_ij],  N = Gᵀ (diag(1ᵀK) − Kᵀ) Gᵀ,
-    K = ḡ ⊙ P. A pure function of the saved tensors (tests call it directly).
+    ∂ℓ/∂s_ij = ḡ_ij μ_ij + P_ij (N_ij − N_jj),  Nᵀ = G (diag(1ᵀK) − K) G,  K = ḡ ⊙ P.
+    A pure function of the saved tensors (tests call it directly); ``mu`` (the forward's
+    P ⊙ (G_jj − G_ji), in P's dtype) saves recomputing it. Two matrix products and about six
+    passes over n² entries.
     """
     grad = grad.to(P.dtype)
+    if mu is None:
+        dG = torch.diagonal(G, dim1=-2, dim2=-1)
+        mu = torch.sub(dG.unsqueeze(-2), G.transpose(-1, -2)).mul_(P)
     K = grad * P
-    M = torch.diag_embed(K.sum(dim=-2)) - K.transpose(-1, -2)
-    Gt = G.transpose(-1, -2)
-    N = Gt @ M @ Gt
-    dG = torch.diagonal(G, dim1=-2, dim2=-1)
-    dN = torch.diagonal(N, dim1=-2, dim2=-1)
-    return P * (grad * (dG.unsqueeze(-2) - Gt) - dN.unsqueeze(-2) + N)
+    k = K.sum(dim=-2)
+    A = K.neg_()
+    A.diagonal(dim1=-2, dim2=-1).add_(k)          # diag(1ᵀK) − K (K's diagonal is 0)
+    Nt = G @ A @ G                                # Nᵀ
+    dN = torch.diagonal(Nt, dim1=-2, dim2=-1)
+    out = Nt.transpose(-1, -2) - dN.unsqueeze(-2)
+    return out.mul_(P).addcmul_(grad, mu)
 
 
-def _backward_with_fallback(s, valid, nodes, root, P, G, bad, grad):
-    out = _marginals_backward(P, G, grad)
+def _backward_with_fallback(s, valid, nodes, root, P, G, bad, grad, mu=None):
+    out = _marginals_backward(P, G, grad, mu)
     if bool(bad.any()):
         sub_nodes = None if nodes is None else nodes.expand(s.shape[:-1])[bad]
         out[bad] = elimination_marginals_vjp(s.to(out.dtype)[bad], valid.expand(s.shape)[bad],
@@ -372,21 +412,24 @@ class _TreeMarginals(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         s, valid, nodes, root = inputs
-        _, P, G, bad = output
+        mu, P, G, bad = output
         ctx.mark_non_differentiable(P, G, bad)
         ctx.root = root
         ctx.has_nodes = nodes is not None
+        # μ in the compute dtype is reused by the backward (bad elements are recomputed there)
+        ctx.mu_is_exact = mu.dtype == P.dtype
         ctx.save_for_backward(s, valid, nodes if nodes is not None else s.new_empty(0), P, G,
-                              bad)
+                              bad, mu if ctx.mu_is_exact else s.new_empty(0))
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_mu, _gP, _gG, _gbad):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None
-        s, valid, nodes, P, G, bad = ctx.saved_tensors
+        s, valid, nodes, P, G, bad, mu = ctx.saved_tensors
         nodes = nodes if ctx.has_nodes else None
-        out = _backward_with_fallback(s, valid, nodes, ctx.root, P, G, bad, grad_mu)
+        mu = mu if ctx.mu_is_exact else None
+        out = _backward_with_fallback(s, valid, nodes, ctx.root, P, G, bad, grad_mu, mu)
         return out.to(s.dtype), None, None, None
 
 
