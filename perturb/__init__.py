@@ -29,7 +29,7 @@ from perturb.structures import (
     registered_pairs,
     support_table,
 )
-from perturb import checks, nn, structured  # noqa: E402  (structured registers its solvers)
+from perturb import boxes, checks, nn, structured  # noqa: E402  (structured registers its solvers)
 
 __version__ = "0.1.0"
 
@@ -42,5 +42,5 @@ __all__ = [
     "Regularizer", "Entropy", "SquaredNorm", "BinaryEntropy", "ExpFamilyEntropy",
     "Noise", "Gumbel", "Normal", "Gaussian", "Logistic", "Uniform", "Discrete",
     "implicit_root", "finite_difference_solve", "straight_through",
-    "set_validation", "validation_enabled", "structured", "nn", "checks",
+    "set_validation", "validation_enabled", "structured", "nn", "checks", "boxes",
 ]

@@ -4,6 +4,12 @@ See ``docs/boxes.md`` for the math (Gumbel corner orientation, max-stability, th
 """
 from perturb.boxes.box import Box, join
 from perturb.boxes.embedding import BoxEmbedding
+from perturb.boxes.hierarchy import (
+    BoxHierarchyModel,
+    all_pairs_f1,
+    evaluate,
+    train_hierarchy,
+)
 from perturb.boxes.intersection import (containment_prob, intersection, log_containment_prob,
                                         overlap)
 from perturb.boxes.losses import (containment_loss, log1mexp, overlap_loss, sample_negatives,
@@ -27,4 +33,8 @@ __all__ = [
     "volume_regularizer",
     "sample_negatives",
     "log1mexp",
+    "BoxHierarchyModel",
+    "train_hierarchy",
+    "evaluate",
+    "all_pairs_f1",
 ]

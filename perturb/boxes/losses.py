@@ -267,15 +267,24 @@ def sample_negatives(pairs: torch.Tensor, num_entities: int, n_negatives: int = 
         codes = torch.unique(known.to(device).long()[:, 0] * num_entities
                              + known.to(device).long()[:, 1])
         for _ in range(max_tries):
-            bad = torch.isin(flat[:, 0] * num_entities + flat[:, 1], codes).nonzero().squeeze(-1)
+            bad = _is_member(flat[:, 0] * num_entities + flat[:, 1], codes).nonzero().squeeze(-1)
             if bad.numel() == 0:
                 break
             flat[bad] = base[bad]
             ent, side = draw(bad.numel())
             flat[bad, side] = ent
         else:
-            bad = torch.isin(flat[:, 0] * num_entities + flat[:, 1], codes)
+            bad = _is_member(flat[:, 0] * num_entities + flat[:, 1], codes)
             if bool(bad.any()):
                 raise RuntimeError(f"{int(bad.sum())} negatives still hit known pairs after "
                                    f"{max_tries} rounds; the graph is too dense to filter")
     return neg
+
+
+def _is_member(x: torch.Tensor, sorted_codes: torch.Tensor) -> torch.Tensor:
+    """Whether each entry of ``x`` is in ``sorted_codes`` (sorted, non-empty): binary search.
+
+    O(m log |codes|); ``torch.isin`` fell back to a brute-force O(m·|codes|) path on CPU here.
+    """
+    at = torch.searchsorted(sorted_codes, x).clamp(max=sorted_codes.numel() - 1)
+    return sorted_codes[at] == x
