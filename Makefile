@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench venv clean wordnet
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,7 +20,14 @@ venv: $(STAMP)
 DEMOS := quickstart sinkhorn_sort subset_selection latent_tree compare_perturbations \
          box_hierarchy categorical_vae ivae structured_latent
 
-demo: $(STAMP)
+# WordNet 3.0 noun files for the box-hierarchy experiments (Debian's wordnet-base); optional:
+# without them those parts of the demo are skipped.
+wordnet:
+	@test -f /usr/share/wordnet/data.noun || { command -v apt-get >/dev/null && \
+		{ apt-get update -qq && apt-get install -y -qq wordnet-base; } >/dev/null 2>&1 || \
+		echo "wordnet-base not installed: WordNet experiments will be skipped"; }
+
+demo: $(STAMP) wordnet
 	@set -e; for d in $(DEMOS); do \
 		echo "=== examples/$$d.py --quick"; \
 		MPLBACKEND=Agg $(BIN)/python examples/$$d.py --quick --out results/$$d; \
