@@ -14,7 +14,9 @@ Observation models (``likelihood``):
 - ``"gaussian"``: x = f(z) + N(0, obs_scale²).
 - ``"perturbed"``: x = σ((f(z) + ε)/T) with ε from ``noise`` (Logistic: the binary Concrete).
   In y = T·logit(x) this is y = f(z) + ε, so log p(x | z) = log p_ε(y − f(z)) + const, using
-  ``noise.log_prob``; with ``temperature=0`` it is the binary limit x = 1[f(z) + ε > 0],
+  ``noise.log_prob``; values saturated at 0 or 1 in floating point (|f + ε| ≳ T·log(1/eps))
+  are censored and contribute P(y ≤ y_lo) or P(y ≥ y_hi) instead; with ``temperature=0`` it
+  is the binary limit x = 1[f(z) + ε > 0],
   P(x = 1 | z) = 1 − F_ε(−f(z)), using ``noise.log_cdf``.
 """
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 from torch import nn
 
 from perturb._validation import check_choice, check_int
-from perturb.noise import Logistic, Noise
+from perturb.noise import Logistic, Noise, Normal
 
 __all__ = ["IVAE"]
 
@@ -47,8 +49,25 @@ def _gauss_log_prob(z: torch.Tensor, mean: torch.Tensor, logvar: torch.Tensor) -
 
 
 def _log1mexp(a: torch.Tensor) -> torch.Tensor:
-    """log(1 − e^a) for a ≤ 0, stable on both sides of −log 2."""
-    return torch.where(a > -math.log(2), torch.log(-torch.expm1(a)), torch.log1p(-torch.exp(a)))
+    """log(1 − e^a) for a ≤ 0, stable on both sides of −log 2 (each branch sees only its own
+    inputs, so the other branch's infinite gradient cannot turn into NaN)."""
+    near = a > -math.log(2)
+    safe = torch.full_like(a, -1.0)
+    return torch.where(near, torch.log(-torch.expm1(torch.where(near, a, safe))),
+                       torch.log1p(-torch.exp(torch.where(near, safe, a))))
+
+
+def _log_sf(noise: Noise, c: torch.Tensor) -> torch.Tensor:
+    """log P(ε > c) = log(1 − F(c)); exact in the tails for the symmetric Logistic and Normal."""
+    if type(noise) in (Logistic, Normal):
+        return noise.log_cdf(-c)
+    return _log1mexp(noise.log_cdf(c))
+
+
+def _masked(a: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``a`` where ``keep``, 0 elsewhere: the unselected branch of a ``torch.where`` then has
+    finite values and gradients (an infinite one would turn the selected gradient into NaN)."""
+    return torch.where(keep, a, torch.zeros_like(a))
 
 
 class IVAE(nn.Module):
@@ -116,12 +135,23 @@ class IVAE(nn.Module):
         if self.likelihood == "gaussian":
             return _gauss_log_prob(x, f, torch.full_like(f, 2 * math.log(self.obs_scale)))
         if self.temperature == 0:
-            log_p0 = self.noise.log_cdf(-f)  # P(x = 0) = F(−f)
-            return torch.where(x > 0.5, _log1mexp(log_p0), log_p0).sum(-1)
+            one = x > 0.5
+            log_p0 = self.noise.log_cdf(-f)                      # P(x = 0) = F(−f)
+            log_p1 = _log_sf(self.noise, _masked(-f, one))          # P(x = 1) = 1 − F(−f)
+            return torch.where(one, log_p1, log_p0).sum(-1)
+        # x = σ((f + ε)/T) saturates to 0 or 1 in floating point once |f + ε| ≳ T·log(1/eps):
+        # such values are censored observations (y ≤ y_lo or y ≥ y_hi), whose likelihood is a
+        # probability, not the density at the clamp point (which would pull f towards it).
         eps = torch.finfo(x.dtype).eps
         xc = x.clamp(eps, 1 - eps)
         y = self.temperature * (torch.log(xc) - torch.log1p(-xc))
-        return self.noise.log_prob(y - f).sum(-1)
+        y_hi = self.temperature * math.log((1 - eps) / eps)
+        lo, hi = x <= eps, x >= 1 - eps
+        interior = self.noise.log_prob(_masked(y - f, ~(lo | hi)))
+        below = self.noise.log_cdf(_masked(-y_hi - f, lo))             # F(−y_hi − f)
+        above = _log_sf(self.noise, _masked(y_hi - f, hi))              # 1 − F(y_hi − f)
+        ll = torch.where(lo, below, torch.where(hi, above, interior))
+        return ll.sum(-1)
 
     def forward(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """One-sample reparameterised ELBO per example, ``(B,)`` (maximise its mean)."""

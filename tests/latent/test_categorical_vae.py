@@ -48,3 +48,13 @@ def test_iw_bound_between_elbo_and_log_likelihood(seed):
 def test_exact_elbo_refuses_large_models():
     with pytest.raises(ValueError, match="too many"):
         CategoricalVAE(n_latents=10, n_categories=10).exact_elbo(torch.zeros(1, 64))
+
+
+def test_normal_posterior_is_the_gaussian_argmax_distribution():
+    from perturb.latent.categorical_vae import _normal_argmax_log_probs
+
+    g = torch.Generator().manual_seed(0)
+    th = 3 * torch.randn(50, 6, dtype=torch.float64, generator=g)
+    assert torch.allclose(_normal_argmax_log_probs(th).exp(), Normal().argmax_probs(th), atol=1e-4)
+    x = torch.randn(3, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(_normal_argmax_log_probs, (x,))

@@ -90,3 +90,16 @@ def test_digits_are_binary_and_split():
     xtr, ytr, xte, yte = binarized_digits()
     assert xtr.shape[1] == 64 and set(xtr.unique().tolist()) <= {0.0, 1.0}
     assert len(xtr) + len(xte) == 1797 and len(ytr) == len(xtr)
+
+
+@pytest.mark.parametrize("noise", [Logistic(), Normal()])
+@pytest.mark.parametrize("temperature", [0.0, 0.05, 1.0])
+def test_perturbed_likelihood_gradients_finite_at_extreme_logits(noise, temperature):
+    model = IVAE(4, 2, 2, hidden=4, likelihood="perturbed", noise=noise, temperature=temperature)
+    with torch.no_grad():
+        model.decoder[-1].bias.copy_(torch.tensor([60.0, -60.0, 60.0, -60.0]))
+    x = torch.tensor([[0.0, 1.0, 0.5, 1e-9], [1.0, 0.0, 0.999, 0.3]])
+    ll = model.log_likelihood(x, torch.randn(2, 2))
+    ll.sum().backward()
+    assert torch.isfinite(ll).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.decoder.parameters())
