@@ -55,15 +55,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=3, help="number of seeds per configuration")
     p.add_argument("--device", default="cpu")
     p.add_argument("--epochs", type=int, default=None,
-                   help="epochs per run (default 40, --quick 60)")
+                   help="epochs at --lr per run (default 20; --quick 40)")
     p.add_argument("--out", default="results/")
     p.add_argument("--quick", action="store_true", help="< 60 s: 63-node tree, d=2/4, 1 seed")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--dims", nargs="+", type=int, default=None, help="default 8 4 (quick: 4 2)")
     p.add_argument("--height", type=int, default=None, help="tree height (default 9; quick 5)")
     p.add_argument("--negatives", type=int, default=128, help="negatives per positive")
-    p.add_argument("--batch-size", type=int, default=None, help="default 512 (quick: 64)")
+    p.add_argument("--batch-size", type=int, default=None, help="default 256 (quick: 64)")
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--decay-epochs", type=int, default=None,
+                   help="after --epochs, this many epochs at lr/5 and again at lr/25 "
+                        "(reconstruction only; default 5, --quick 0)")
     p.add_argument("--beta", type=float, default=0.01, help="Gumbel intersection scale")
     p.add_argument("--volume-beta", type=float, default=0.1, help="Gumbel volume scale")
     p.add_argument("--temperature", type=float, default=0.1, help="soft-box temperature")
@@ -101,20 +104,31 @@ def run_reconstruction(name, graph, dims, args, epochs, negatives, log) -> list[
             for s in range(args.seeds):
                 seed = args.seed + s
                 t0 = time.perf_counter()
-                res = train_hierarchy(
-                    graph, dim, method, beta=args.beta, volume_beta=args.volume_beta,
-                    temperature=args.temperature, epochs=epochs, lr=args.lr, negatives_per_positive=negatives,
-                    batch_size=args.batch_size, seed=seed, device=args.device,
-                    progress=not args.no_progress, eval_fn=lambda m: {"f1": all_pairs_f1(m, clo).f1},
-                    eval_every=eval_every)
-                final = all_pairs_f1(res.model, clo)
-                h = res.history
+                # lr schedule: `epochs` at lr, then decay_epochs at lr/5 and at lr/25
+                phases = [(epochs, args.lr)]
+                if args.decay_epochs:
+                    phases += [(args.decay_epochs, args.lr / 5), (args.decay_epochs, args.lr / 25)]
+                model, zero, zero_curve, f1_curve, done = None, [], [], [], 0
+                for i, (ep, lr) in enumerate(phases):
+                    res = train_hierarchy(
+                        graph, dim, method, beta=args.beta, volume_beta=args.volume_beta,
+                        temperature=args.temperature, epochs=ep, lr=lr,
+                        negatives_per_positive=negatives, batch_size=args.batch_size,
+                        seed=seed + 1000 * i, device=args.device, model=model,
+                        progress=not args.no_progress,
+                        eval_fn=lambda m: {"f1": all_pairs_f1(m, clo).f1},
+                        eval_every=min(eval_every, ep))
+                    model, h = res.model, res.history
+                    zero += h.zero_grad_fraction
+                    zero_curve += h.epoch_zero_grad_fraction
+                    f1_curve += [(done + e["epoch"], e["f1"]) for e in h.eval]
+                    done += ep
+                final = all_pairs_f1(model, clo)
                 row = dict(setting=f"reconstruction/{name}", dim=dim, method=method, seed=seed,
+                           epochs=done,
                            f1=final.f1, precision=final.precision, recall=final.recall,
-                           zero_grad=sum(h.zero_grad_fraction) / len(h.zero_grad_fraction),
-                           zero_grad_curve=h.epoch_zero_grad_fraction,
-                           f1_curve=[(e["epoch"], e["f1"]) for e in h.eval],
-                           containment_accuracy=h.containment_accuracy[-1],
+                           zero_grad=sum(zero) / len(zero), zero_grad_curve=zero_curve,
+                           f1_curve=f1_curve, containment_accuracy=h.containment_accuracy[-1],
                            volume_quantiles=h.volume_quantiles[-1], loss=h.loss[-1],
                            seconds=time.perf_counter() - t0)
                 rows.append(row)
@@ -156,7 +170,7 @@ def run_generalisation(name, graph, dim, args, epochs, negatives, log) -> list[d
             h = res.history
             rows.append(dict(setting=f"generalisation/{name}", dim=dim, method=method, seed=seed,
                              f1=test.f1, precision=test.precision, recall=test.recall,
-                             val_f1=val.f1,
+                             val_f1=val.f1, epochs=epochs,
                              zero_grad=sum(h.zero_grad_fraction) / len(h.zero_grad_fraction),
                              zero_grad_curve=h.epoch_zero_grad_fraction, f1_curve=[],
                              seconds=time.perf_counter() - t0))
@@ -172,12 +186,16 @@ def table(rows: list[dict]) -> str:
         k = (r["setting"], r["dim"], r["method"])
         if k not in keys:
             keys.append(k)
-    out = ["| setting | d | method | F1 (mean ± std) | zero-grad fraction | seeds |",
-           "|---|---|---|---|---|---|"]
+    out = ["| setting | d | method | F1 (mean ± std) | precision | recall | zero-grad fraction "
+           "| epochs | seconds per run | seeds |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for k in keys:
         rs = [r for r in rows if (r["setting"], r["dim"], r["method"]) == k]
         out.append(f"| {k[0]} | {k[1]} | {k[2]} | {mean_std([r['f1'] for r in rs])} | "
-                   f"{mean_std([r['zero_grad'] for r in rs])} | {len(rs)} |")
+                   f"{mean_std([r['precision'] for r in rs])} | "
+                   f"{mean_std([r['recall'] for r in rs])} | "
+                   f"{mean_std([r['zero_grad'] for r in rs])} | {rs[0].get('epochs', '-')} | "
+                   f"{statistics.mean(r['seconds'] for r in rs):.0f} | {len(rs)} |")
     return "\n".join(out)
 
 
@@ -220,7 +238,7 @@ def plot_boxes_2d(args, path: str) -> None:
     import matplotlib.pyplot as plt
     g = balanced_tree(2, 3)
     res = train_hierarchy(g, 2, "gumbel", beta=args.beta, volume_beta=args.volume_beta,
-                          epochs=100, lr=0.05, batch_size=16, negatives_per_positive=16,
+                          epochs=100, lr=0.05, batch_size=64, negatives_per_positive=16,
                           seed=args.seed, progress=False)
     boxes = res.model.embedding.all_boxes()
     lo, hi = boxes.lower.detach().cpu(), boxes.upper.detach().cpu()
@@ -251,9 +269,11 @@ def main(argv=None) -> None:
         args.seeds = 1
     dims = args.dims or ([4, 2] if args.quick else [8, 4])
     height = args.height or (5 if args.quick else 9)
-    epochs = args.epochs or (60 if args.quick else 40)
+    epochs = args.epochs or (40 if args.quick else 20)
     negatives = args.negatives if not args.quick else min(args.negatives, 32)
-    args.batch_size = args.batch_size or (64 if args.quick else 512)
+    args.batch_size = args.batch_size or (64 if args.quick else 256)
+    if args.decay_epochs is None:
+        args.decay_epochs = 0 if args.quick else 5
     os.makedirs(args.out, exist_ok=True)
     lines: list[str] = []
 
@@ -265,7 +285,8 @@ def main(argv=None) -> None:
     tree = balanced_tree(2, height)
     log(f"setting 1: balanced binary tree, {tree.number_of_nodes()} nodes, "
         f"{transitive_closure(tree).number_of_edges()} closure edges, {negatives} negatives "
-        f"per positive, {epochs} epochs, batch {args.batch_size}, lr={args.lr}, "
+        f"per positive, {epochs} epochs (+ 2 x {args.decay_epochs} decayed), batch "
+        f"{args.batch_size}, lr={args.lr}, "
         f"beta={args.beta}, volume_beta={args.volume_beta}, T={args.temperature}")
     rows = [] if args.no_tree else run_reconstruction(f"tree{tree.number_of_nodes()}", tree,
                                                       dims, args, epochs, negatives, log)
