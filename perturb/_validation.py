@@ -58,6 +58,30 @@ def check_tau(tau: float | torch.Tensor, name: str = "tau") -> None:
     check_positive(tau, name)
 
 
+def scale_by_tau(w: torch.Tensor, tau: float | torch.Tensor, event_dim: int) -> torch.Tensor:
+    """w / τ, where a tensor τ holds one temperature per problem: it broadcasts against the
+    batch dims ``(*batch)`` of ``w`` (shape ``(*batch, *event)`` with ``event_dim`` event dims).
+
+    Returns ``w`` itself when τ is the number 1. Raises ValueError when a tensor τ does not
+    broadcast to the batch shape (instead of silently broadcasting into the event dims).
+    """
+    if isinstance(tau, torch.Tensor):
+        t = tau.to(dtype=w.dtype, device=w.device)
+        if t.ndim == 0:
+            return w / t
+        t = t.reshape(*t.shape, *([1] * event_dim))
+        try:
+            ok = torch.broadcast_shapes(t.shape, w.shape) == w.shape
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"tau of shape {tuple(tau.shape)} must broadcast against the batch "
+                             f"shape {tuple(w.shape[:w.ndim - event_dim])} of the scores "
+                             f"(shape {tuple(w.shape)})")
+        return w / t
+    return w if tau == 1 else w / tau
+
+
 def check_choice(value: str, choices: Sequence[str], name: str) -> None:
     """Raise ValueError listing the accepted values when ``value`` is not one of ``choices``."""
     if value not in choices:

@@ -39,7 +39,13 @@ from __future__ import annotations
 import torch
 
 from perturb import _validation
-from perturb._validation import check_dim, check_positive, check_tau, set_validation
+from perturb._validation import (
+    check_dim,
+    check_positive,
+    check_tau,
+    scale_by_tau,
+    set_validation,
+)
 from perturb.noise import Gumbel, Normal
 from perturb.regularizers import Entropy, ExpFamilyEntropy, Regularizer, SquaredNorm
 from perturb.relax import regularized_argmax, relax
@@ -51,24 +57,6 @@ __all__ = ["softmax", "sparsemax", "gumbel_softmax", "gaussian_softmax"]
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-
-def _scale(w: torch.Tensor, tau: float | torch.Tensor, event_dim: int = 1) -> torch.Tensor:
-    """z = w / τ; a tensor τ broadcasts against the batch dims ``(*batch)`` of ``w``."""
-    if isinstance(tau, torch.Tensor):
-        if tau.ndim == 0:
-            return w / tau.to(w.dtype)
-        t = tau.to(w.dtype).reshape(*tau.shape, *([1] * event_dim))
-        try:
-            ok = torch.broadcast_shapes(t.shape, w.shape) == w.shape
-        except RuntimeError:
-            ok = False
-        if not ok:
-            raise ValueError(f"tau of shape {tuple(tau.shape)} must broadcast against the batch "
-                             f"shape {tuple(w.shape[:w.ndim - event_dim])} of the scores "
-                             f"(shape {tuple(w.shape)})")
-        return w / t
-    return w if tau == 1 else w / tau
-
 
 def _check_logits(x: torch.Tensor, name: str) -> None:
     """Structural checks always; finiteness (one cheap reduction) while validation is on.
@@ -120,7 +108,7 @@ class _Softmax(torch.autograd.Function):
                  description="softmax(w/τ)")
 def _solve_softmax(w: torch.Tensor, structure: Simplex, regularizer: Regularizer,
                    tau: float | torch.Tensor, backward: str) -> torch.Tensor:
-    z = _scale(w, tau)
+    z = scale_by_tau(w, tau, 1)
     if backward == "unroll":
         return torch.softmax(z, dim=-1)
     return _Softmax.apply(z)
@@ -190,7 +178,7 @@ class _Sparsemax(torch.autograd.Function):
                  description="sparsemax(w/τ) (sort-based Euclidean projection)")
 def _solve_sparsemax(w: torch.Tensor, structure: Simplex, regularizer: Regularizer,
                      tau: float | torch.Tensor, backward: str) -> torch.Tensor:
-    z = _scale(w, tau)
+    z = scale_by_tau(w, tau, 1)
     if backward == "unroll":
         return _sparsemax_forward(z)
     return _Sparsemax.apply(z)

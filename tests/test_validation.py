@@ -66,3 +66,24 @@ def test_check_dim_and_choice_and_int():
     for bad in (0, 4, 2.5, True):
         with pytest.raises(ValueError, match="k"):
             check_int(bad, "k", low=1, high=3)
+
+
+def test_scale_by_tau_per_problem_and_shape_errors():
+    from perturb._validation import scale_by_tau
+
+    w = torch.ones(3, 4, 5)
+    assert scale_by_tau(w, 1, 2) is w
+    out = scale_by_tau(w, torch.tensor([1.0, 2.0, 4.0]), 2)
+    assert torch.equal(out[:, 0, 0], torch.tensor([1.0, 0.5, 0.25]))
+    assert torch.equal(scale_by_tau(w, torch.tensor(2.0), 2), w / 2)
+    with pytest.raises(ValueError, match="must broadcast against the batch shape"):
+        scale_by_tau(torch.ones(5), torch.ones(5), 1)  # would broadcast into (5, 5)
+    with pytest.raises(ValueError, match="tau of shape"):
+        scale_by_tau(w, torch.ones(4), 2)
+
+
+def test_relaxed_topk_rejects_tau_shaped_like_the_event():
+    from perturb.structured import relaxed_topk
+
+    with pytest.raises(ValueError, match="tau of shape"):
+        relaxed_topk(torch.randn(5), 2, tau=torch.full((5,), 0.5))

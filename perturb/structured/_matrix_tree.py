@@ -56,7 +56,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from perturb import _validation
-from perturb._validation import check_choice, check_int, check_scores
+from perturb._validation import check_choice, check_int, check_scores, scale_by_tau
 from perturb.structured._tree_elimination import (
     elimination_marginals,
     elimination_marginals_vjp,
@@ -73,19 +73,6 @@ MARGINAL_BACKWARDS = ("analytic", "unroll")
 # --------------------------------------------------------------------------------------------
 # input handling
 # --------------------------------------------------------------------------------------------
-
-def _scale(w: torch.Tensor, tau: float | torch.Tensor) -> torch.Tensor:
-    """w / τ with a tensor τ broadcasting against the batch dims ``(*batch)``."""
-    if isinstance(tau, torch.Tensor):
-        if tau.ndim == 0:
-            return w / tau.to(w.dtype)
-        t = tau.to(w.dtype).reshape(*tau.shape, 1, 1)
-        if torch.broadcast_shapes(t.shape, w.shape) != w.shape:
-            raise ValueError(f"tau of shape {tuple(tau.shape)} must broadcast against the batch "
-                             f"shape {tuple(w.shape[:-2])} of the scores (shape {tuple(w.shape)})")
-        return w / t
-    return w if tau == 1 else w / tau
-
 
 def _node_mask(w: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor | None:
     """Boolean ``(*batch, n)``: node k exists when k < lengths; None when every node exists."""
@@ -208,7 +195,7 @@ def _prepare(w, tau, mask, lengths, root, symmetric, name="w"):
         if not symmetric:
             valid = dvalid
         w_f = 0.5 * (w + w.transpose(-1, -2)) if symmetric else w
-        return _scale(w_f, tau), dvalid.expand(w.shape), None, root
+        return scale_by_tau(w_f, tau, 2), dvalid.expand(w.shape), None, root
     valid = _edge_mask(w, mask, nodes, root if not symmetric else None, symmetric)
     if symmetric:
         dvalid = valid.clone()
@@ -220,7 +207,7 @@ def _prepare(w, tau, mask, lengths, root, symmetric, name="w"):
     w_f = w.masked_fill(~valid, 0.0)
     if symmetric:
         w_f = 0.5 * (w_f + w_f.transpose(-1, -2))
-    s = _scale(w_f, tau)
+    s = scale_by_tau(w_f, tau, 2)
     return s, dvalid, nodes, root
 
 

@@ -47,7 +47,7 @@ import math
 
 import torch
 
-from perturb._validation import check_int, check_scores, check_tau
+from perturb._validation import check_int, check_scores, check_tau, scale_by_tau
 
 __all__ = ["ksubset_log_partition", "ksubset_marginals", "sample_ksubset"]
 
@@ -68,20 +68,12 @@ def _check_k(k: int, n: int, name: str = "k") -> int:
     return k
 
 
-def _tau_event(tau: float | torch.Tensor, w: torch.Tensor) -> float | torch.Tensor:
-    """τ as a float, or a tensor broadcastable to ``(*batch)`` given a trailing event dim."""
-    if isinstance(tau, torch.Tensor):
-        tau = tau.to(dtype=w.dtype, device=w.device)
-        return tau.unsqueeze(-1) if tau.ndim > 0 else tau
-    return float(tau)
-
-
 def _scaled_scores(w: torch.Tensor, k: int, tau: float | torch.Tensor, name: str = "w"):
     """Validate (w, k, τ) and return y = w/τ (differentiable in w and τ) and k."""
     check_scores(w, name, min_ndim=1)
     k = _check_k(k, w.shape[-1])
     check_tau(tau)
-    return w / _tau_event(tau, w), k
+    return scale_by_tau(w, tau, 1), k
 
 
 def _work_dtype(y: torch.Tensor) -> torch.Tensor:

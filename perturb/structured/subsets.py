@@ -35,7 +35,7 @@ import math
 
 import torch
 
-from perturb._validation import check_int
+from perturb._validation import check_int, scale_by_tau
 from perturb.backward import implicit_root
 from perturb.regularizers import (
     BinaryEntropy,
@@ -49,7 +49,6 @@ from perturb.structured._subset_dp import (
     _check_k,
     _marginals_scaled,
     _marginals_unrolled,
-    _tau_event,
     ksubset_log_partition,
     ksubset_marginals,
     sample_ksubset,
@@ -301,7 +300,7 @@ def _capped_optimality(kind: str, k: int):
 
 
 def _solve_capped(w: torch.Tensor, k: int, tau, kind: str, backward: str) -> torch.Tensor:
-    y = w / _tau_event(tau, w)
+    y = scale_by_tau(w, tau, 1)
     if k == y.shape[-1]:
         return y * 0 + 1                       # conv Z is the single point 1 (zero Jacobian)
     if backward == "implicit":
@@ -333,7 +332,7 @@ def _solve_binary_entropy(w, structure, regularizer, tau, backward):
                  description="k-subset marginals (log-space DP over elementary symmetric "
                              "polynomials)")
 def _solve_exp_family(w, structure, regularizer, tau, backward):
-    y = w / _tau_event(tau, w)
+    y = scale_by_tau(w, tau, 1)
     if backward == "unroll":
         return _marginals_unrolled(y, structure.k)
     return _marginals_scaled(y, structure.k)
