@@ -57,6 +57,12 @@ def perturb(theta: torch.Tensor, noise: Noise | None = None, n_samples: int | No
     ``(n_samples, *batch, *event)``. dtype and device follow ``theta``.
     """
     check_scores(theta, "theta", min_ndim=0, allow_neg_inf=True)
+    return _perturb(theta, noise, n_samples, generator)
+
+
+def _perturb(theta: torch.Tensor, noise: Noise | None, n_samples: int | None,
+             generator: torch.Generator | None) -> torch.Tensor:
+    """:func:`perturb` without the pass over ``theta`` (for callers that validated it)."""
     noise = Gumbel() if noise is None else noise
     if not hasattr(noise, "sample"):
         raise ValueError(f"noise must provide sample(shape, generator=, device=, dtype=), "
@@ -156,8 +162,10 @@ def relax(theta: torch.Tensor, structure: Structure | None = None, noise: Noise 
         raise ValueError(f"hard must be a bool, got {hard!r}")
     structure.validate(theta, "theta")
     check_tau(tau)
-    u = perturb(theta, noise, n_samples, generator)
-    soft = regularized_argmax(u, structure, regularizer, tau, backward)
+    u = _perturb(theta, noise, n_samples, generator)  # theta was validated just above
+    soft = regularized_argmax(u, structure, regularizer, tau, backward)  # validates u
     if not hard:
         return soft
-    return straight_through(argmax(u, structure), soft)
+    with torch.no_grad():  # u was validated by regularized_argmax
+        exact = structure.argmax(u.detach())
+    return straight_through(exact, soft)
