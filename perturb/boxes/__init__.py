@@ -10,9 +10,9 @@ from perturb.boxes.hierarchy import (
     evaluate,
     train_hierarchy,
 )
-from perturb.boxes.intersection import (containment_prob, intersection, log_containment_prob,
-                                        overlap)
-from perturb.boxes.losses import (containment_loss, log1mexp, overlap_loss, sample_negatives,
+from perturb.boxes.intersection import (containment_prob, intersection, log1m_containment_prob,
+                                        log1mexp, log_containment_prob, overlap)
+from perturb.boxes.losses import (containment_loss, overlap_loss, sample_negatives,
                                   volume_regularizer)
 from perturb.boxes.volume import EULER_GAMMA, gumbel_side_length, log_gumbel_side_length, volume
 
@@ -26,6 +26,7 @@ __all__ = [
     "intersection",
     "containment_prob",
     "log_containment_prob",
+    "log1m_containment_prob",
     "overlap",
     "BoxEmbedding",
     "containment_loss",

@@ -57,15 +57,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class _Scorer(nn.Module):
-    """``forward(child, parent) = model.log_containment(child, parent)``, so that DDP sees the
-    call (DDP hooks its gradient all-reduce on a forward through the wrapper)."""
+    """``forward(child, parent) = model.log_containment_pair(child, parent)``, so that DDP sees
+    the call (DDP hooks its gradient all-reduce on a forward through the wrapper)."""
 
     def __init__(self, model: BoxHierarchyModel) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, child: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
-        return self.model.log_containment(child, parent)
+    def forward(self, child: torch.Tensor, parent: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.log_containment_pair(child, parent)
 
 
 def _shard(pos: torch.Tensor, rank: int, world_size: int, seed: int) -> torch.Tensor:
@@ -104,8 +105,8 @@ def _worker(rank: int, world_size: int, cfg: dict, out_path: str) -> None:
             perm = torch.randperm(shard.shape[0], generator=gen)
             steps = [_train_step(model, ddp, opt, shard[idx], step_cfg, gen)
                      for idx in torch.tensor_split(perm, n_steps)]
-            # report the loss and zero-gradient fraction averaged over the ranks
-            t = torch.tensor(steps, dtype=torch.float64).reshape(-1, 2)
+            # report the step metrics averaged over the ranks
+            t = torch.tensor(steps, dtype=torch.float64).reshape(len(steps), -1)
             dist.all_reduce(t)
             steps = [tuple(r) for r in (t / world_size).tolist()]
             if rank == 0:

@@ -13,11 +13,19 @@ positive (uniform head-or-tail corruption, filtered against the known positives 
 
     L = mean_{E⁺} −log p  +  w · mean_{E⁻} −log(1 − p)  (+ λ · Σ 1[Vol > τ_v]·Vol),
 
-with p = P(child ⊆ parent) and log(1 − p) computed from log p (``log1mexp``). For hard boxes a
+with p = P(child ⊆ parent) and log(1 − p) from :func:`~perturb.boxes.log1m_containment_prob`
+(accurate when a Gumbel child lies deep inside its parent and p rounds to 1, so a wrongly nested
+negative keeps a gradient; log1mexp(log p) otherwise). For hard boxes a
 disjoint positive pair has p = 0: its loss is floored at −log p = 100 with zero gradient, which
 is exactly the flat region Gumbel boxes remove (Dasgupta et al. 2020). The training-health
-metrics record it: the fraction of (near-)zero gradient entries among the parameters of the
-boxes that a step touches, the distribution of log volumes, and the containment accuracy.
+metrics record it: the fraction of *stalled* pairs (violated pairs, positives with p < 1/2 or
+negatives with p > 1/2, whose own loss has an exactly zero gradient), the fraction of
+(near-)zero gradient entries among the parameters of the boxes that a step touches, the
+distribution of log volumes, and the containment accuracy. The two gradient metrics differ for
+Gumbel boxes: late in training a few percent of their gradient entries are (near-)zero, but
+those belong to *satisfied* pairs (a child deep inside its parent, where the intersection
+corner equals the child's corner to float precision and the two volume terms cancel; a
+negative so far apart that p underflows), while no violated pair ever stalls.
 
 Evaluation (:func:`evaluate`) scores pairs by log P, picks the threshold maximising F1 over the
 given pairs (the *reconstruction* setting, or the validation split of the *generalisation*
@@ -44,9 +52,8 @@ from perturb._validation import check_choice, check_int, check_tau
 from perturb.boxes.box import Box
 from perturb.boxes.datasets import check_hierarchy, transitive_closure
 from perturb.boxes.embedding import BoxEmbedding
-from perturb.boxes.intersection import log_containment_prob
-from perturb.boxes.intersection import intersection
-from perturb.boxes.losses import _is_member, log1mexp
+from perturb.boxes.intersection import _log1m_containment, intersection, log_containment_prob
+from perturb.boxes.losses import _is_member
 from perturb.boxes.volume import volume
 
 __all__ = [
@@ -144,14 +151,31 @@ class BoxHierarchyModel(nn.Module):
         (when there are at least as many pairs as nodes) rather than once per pair: this halves
         the Bessel evaluations of a training step with many negatives.
         """
+        return self.log_containment_pair(child, parent)[0]
+
+    def log_containment_pair(self, child: torch.Tensor, parent: torch.Tensor
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(log P, log(1 − P))`` of ``child ⊆ parent`` for node ids; the second is accurate
+        for Gumbel children deep inside their parents, where P rounds to 1
+        (:func:`~perturb.boxes.log1m_containment_prob`). What training uses."""
         if child.numel() >= self.num_nodes:
             log_child = self.log_volume()[child]
         else:
             log_child = self.log_volume(child)
-        inter = intersection(self(parent), self(child),
-                             self.beta if self.method == "gumbel" else None)
-        log_inter = self._log_volume_box(inter)
-        out = log_inter - log_child
+        pb, cb = self(parent), self(child)
+        log_p = self._log_containment(pb, cb, log_child)
+        return log_p, self._log1m_containment(pb, cb, log_p)
+
+    def _log1m_containment(self, parent: Box, child: Box, log_p: torch.Tensor) -> torch.Tensor:
+        gumbel = self.method == "gumbel"
+        return _log1m_containment(log_p, parent, child, self.beta if gumbel else None,
+                                  (self.volume_beta or self.beta) if gumbel else None, False)
+
+    def _log_containment(self, parent: Box, child: Box, log_child: torch.Tensor
+                         ) -> torch.Tensor:
+        """log P(child ⊆ parent) given the boxes and the child's log volume."""
+        inter = intersection(parent, child, self.beta if self.method == "gumbel" else None)
+        out = self._log_volume_box(inter) - log_child
         if self.method == "hard":          # an empty hard child is contained in anything
             out = torch.where(torch.isneginf(log_child), torch.zeros_like(out), out)
         return out.clamp(max=0.0)
@@ -178,8 +202,12 @@ class TrainHistory:
     """What :func:`train_hierarchy` recorded.
 
     Per step: ``step_loss``, ``zero_grad_fraction`` (fraction of the gradient entries of the
-    boxes in the batch with ``|g| <= grad_tol``). Per epoch: ``loss`` (mean over steps),
-    ``epoch_zero_grad_fraction``, ``volume_quantiles`` (``(epochs, 5)`` log-volume quantiles at
+    boxes in the batch with ``|g| <= grad_tol``), ``stalled_fraction`` (of the *violated* pairs
+    of the step, positives with p < 1/2 and negatives with p > 1/2, the fraction whose own loss
+    has a zero gradient with respect to both boxes; 0 when none is violated). Per epoch:
+    ``loss`` (mean over steps), ``epoch_zero_grad_fraction``, ``epoch_stalled_fraction``
+    (stalled / violated pairs over the epoch), ``epoch_violated_fraction`` (violated / all
+    pairs), ``volume_quantiles`` (``(epochs, 5)`` log-volume quantiles at
     :data:`VOLUME_QUANTILES`, after the epoch), ``containment_accuracy`` (fraction of the
     training positives with P(child ⊆ parent) ≥ ``accuracy_threshold``), ``eval`` (what
     ``eval_fn`` returned, with its ``"epoch"``), ``seconds`` (wall-clock time of each epoch).
@@ -187,8 +215,11 @@ class TrainHistory:
 
     step_loss: list[float] = dataclasses.field(default_factory=list)
     zero_grad_fraction: list[float] = dataclasses.field(default_factory=list)
+    stalled_fraction: list[float] = dataclasses.field(default_factory=list)
     loss: list[float] = dataclasses.field(default_factory=list)
     epoch_zero_grad_fraction: list[float] = dataclasses.field(default_factory=list)
+    epoch_stalled_fraction: list[float] = dataclasses.field(default_factory=list)
+    epoch_violated_fraction: list[float] = dataclasses.field(default_factory=list)
     volume_quantiles: list[list[float]] = dataclasses.field(default_factory=list)
     containment_accuracy: list[float] = dataclasses.field(default_factory=list)
     eval: list[dict] = dataclasses.field(default_factory=list)
@@ -355,17 +386,56 @@ def all_pairs_f1(model: BoxHierarchyModel, positives: torch.Tensor,
 
 # ----------------------------------------------------------------------------- training
 
-def _pair_loss(log_p: torch.Tensor, n_pos: int, method: str, negative_weight: float
-               ) -> torch.Tensor:
-    """mean −log p over the first ``n_pos`` pairs + w · mean −log(1 − p) over the rest."""
+def _pair_terms(log_p: torch.Tensor, log1m_p: torch.Tensor, positive: torch.Tensor,
+                method: str) -> torch.Tensor:
+    """Per-pair loss: −log p where ``positive``, −log(1 − p) elsewhere."""
     if method == "hard":
         log_p = log_p.clamp(min=_HARD_LOG_FLOOR)        # p = 0: finite loss, zero gradient
-    pos = -log_p[:n_pos].mean()
-    if log_p.shape[0] == n_pos:
-        return pos
-    tiny = torch.finfo(log_p.dtype).eps
-    neg = -log1mexp(log_p[n_pos:].clamp(max=-tiny)).mean()
-    return pos + negative_weight * neg
+    # p = 1 exactly (hard or soft boxes nested): the finite loss −log(eps), zero gradient
+    floor = math.log(torch.finfo(log_p.dtype).eps)
+    return torch.where(positive, -log_p,
+                       -torch.where(torch.isneginf(log1m_p), floor, log1m_p))
+
+
+def _pair_loss(log_p: torch.Tensor, log1m_p: torch.Tensor, n_pos: int, method: str,
+               negative_weight: float) -> torch.Tensor:
+    """mean −log p over the first ``n_pos`` pairs + w · mean −log(1 − p) over the rest."""
+    positive = torch.arange(log_p.shape[0], device=log_p.device) < n_pos
+    terms = _pair_terms(log_p, log1m_p, positive, method)
+    loss = terms[:n_pos].mean()
+    if log_p.shape[0] > n_pos:
+        loss = loss + negative_weight * terms[n_pos:].mean()
+    return loss
+
+
+def _stalled_pairs(model: BoxHierarchyModel, pairs: torch.Tensor, log_p: torch.Tensor,
+                   n_pos: int, grad_tol: float) -> tuple[int, int]:
+    """``(stalled, violated)``: the pairs of a step that the loss still penalises (positives
+    with p < 1/2, negatives with p > 1/2) and, among them, those whose own loss term has a zero
+    gradient (``|g| <= grad_tol`` for every corner coordinate of both boxes). A stalled pair is
+    the local non-identifiability of Dasgupta et al.: wrong, and nothing moves it (hard boxes
+    that are disjoint, or nested, have such pairs; Gumbel boxes have none)."""
+    positive = torch.arange(log_p.shape[0], device=log_p.device) < n_pos
+    half = -math.log(2.0)
+    violated = torch.where(positive, log_p.detach() < half, log_p.detach() > half)
+    idx = violated.nonzero().flatten()
+    if idx.numel() == 0:
+        return 0, 0
+    with torch.enable_grad():
+        child, parent = model(pairs[idx, 0]), model(pairs[idx, 1])
+        corners = [t.detach().requires_grad_() for t in
+                   (child.lower, child.upper, parent.lower, parent.upper)]
+        cb, pb = Box(corners[0], corners[1]), Box(corners[2], corners[3])
+        lp = model._log_containment(pb, cb, model._log_volume_box(cb))
+        terms = _pair_terms(lp, model._log1m_containment(pb, cb, lp), positive[idx],
+                            model.method)
+        grads = torch.autograd.grad(terms.sum(), corners, allow_unused=True)
+    # rows are independent, so the gradient of the sum holds each pair's own gradient
+    size = torch.zeros(idx.numel(), dtype=lp.dtype, device=lp.device)
+    for g in grads:
+        if g is not None:
+            size = torch.maximum(size, g.abs().amax(dim=-1))
+    return int((size <= grad_tol).sum()), int(idx.numel())
 
 
 def _pair_codes(pairs: torch.Tensor, n: int) -> torch.Tensor:
@@ -523,7 +593,7 @@ def train_hierarchy(graph: nx.DiGraph, dim: int, method: str = "gumbel", *,
         t0 = time.perf_counter()
         model.train()
         perm = torch.randperm(pos.shape[0], generator=gen)
-        steps = [_train_step(model, model.log_containment, opt, pos[idx], cfg, gen)
+        steps = [_train_step(model, model.log_containment_pair, opt, pos[idx], cfg, gen)
                  for idx in perm.split(batch_size)]
         _end_epoch(model, hist, steps, acc_sample, accuracy_threshold, epoch, epochs,
                    eval_fn, eval_every, t0, bar)
@@ -574,19 +644,20 @@ def _known_codes(pos: torch.Tensor, known_edges: torch.Tensor | None, n: int) ->
 
 
 def _train_step(model: BoxHierarchyModel, score: Callable[[torch.Tensor, torch.Tensor],
-                torch.Tensor], opt: torch.optim.Optimizer, batch: torch.Tensor,
-                cfg: _StepConfig, gen: torch.Generator) -> tuple[float, float]:
-    """One optimiser step on a batch of positives and their fresh negatives; returns the loss
-    and the fraction of zero gradient entries among the boxes the step touched. ``score`` is
-    ``model.log_containment`` or a DDP wrapper of it (same signature)."""
+                tuple[torch.Tensor, torch.Tensor]], opt: torch.optim.Optimizer, batch: torch.Tensor,
+                cfg: _StepConfig, gen: torch.Generator) -> tuple[float, float, float, float, float]:
+    """One optimiser step on a batch of positives and their fresh negatives; returns the loss,
+    the fraction of zero gradient entries among the boxes the step touched, and the numbers of
+    stalled, violated (:func:`_stalled_pairs`, before the step) and all pairs. ``score`` is
+    ``model.log_containment_pair`` or a DDP wrapper of it (same signature)."""
     dev = model.embedding.param1.device
     if cfg.k:
         pairs = torch.cat([batch, _sample_negatives(batch, cfg.n, cfg.k, cfg.known_codes, gen)])
     else:
         pairs = batch
     pairs = pairs.to(dev)
-    log_p = score(pairs[:, 0], pairs[:, 1])
-    loss = _pair_loss(log_p, batch.shape[0], model.method, cfg.negative_weight)
+    log_p, log1m_p = score(pairs[:, 0], pairs[:, 1])
+    loss = _pair_loss(log_p, log1m_p, batch.shape[0], model.method, cfg.negative_weight)
     touched = torch.zeros(cfg.n, dtype=torch.bool, device=dev)
     touched[pairs.flatten()] = True
     if cfg.volume_reg > 0:
@@ -599,11 +670,12 @@ def _train_step(model: BoxHierarchyModel, score: Callable[[torch.Tensor, torch.T
         params = (model.embedding.param1, model.embedding.param2)
         g = torch.cat([p.grad[touched] for p in params], dim=-1)
         zero = float((g.abs() <= cfg.grad_tol).double().mean())
+    stalled, violated = _stalled_pairs(model, pairs, log_p, batch.shape[0], cfg.grad_tol)
     opt.step()
-    return float(loss.detach()), zero
+    return float(loss.detach()), zero, float(stalled), float(violated), float(len(pairs))
 
 
-def _end_epoch(model: BoxHierarchyModel, hist: TrainHistory, steps: list[tuple[float, float]],
+def _end_epoch(model: BoxHierarchyModel, hist: TrainHistory, steps: list[tuple[float, ...]],
                acc_sample: torch.Tensor, accuracy_threshold: float, epoch: int, epochs: int,
                eval_fn: Callable[[BoxHierarchyModel], dict] | None, eval_every: int,
                t0: float, bar: Any) -> None:
@@ -614,6 +686,10 @@ def _end_epoch(model: BoxHierarchyModel, hist: TrainHistory, steps: list[tuple[f
     hist.zero_grad_fraction.extend(zeros)
     hist.loss.append(sum(losses) / max(1, len(losses)))
     hist.epoch_zero_grad_fraction.append(sum(zeros) / max(1, len(zeros)))
+    stalled, violated = sum(s[2] for s in steps), sum(s[3] for s in steps)
+    hist.stalled_fraction.extend(s[2] / s[3] if s[3] else 0.0 for s in steps)
+    hist.epoch_stalled_fraction.append(stalled / violated if violated else 0.0)
+    hist.epoch_violated_fraction.append(violated / max(1.0, sum(s[4] for s in steps)))
     model.eval()
     with torch.no_grad():
         hist.volume_quantiles.append(_volume_quantiles(model))
@@ -626,4 +702,5 @@ def _end_epoch(model: BoxHierarchyModel, hist: TrainHistory, steps: list[tuple[f
     hist.seconds.append(time.perf_counter() - t0)
     if hasattr(bar, "set_postfix"):
         bar.set_postfix(loss=f"{hist.loss[-1]:.4f}",
-                        zero_grad=f"{hist.epoch_zero_grad_fraction[-1]:.2f}")
+                        zero_grad=f"{hist.epoch_zero_grad_fraction[-1]:.2f}",
+                        stalled=f"{hist.epoch_stalled_fraction[-1]:.2f}")

@@ -28,9 +28,13 @@ from torch.autograd.function import once_differentiable
 
 from perturb._validation import check_tau
 from perturb.boxes.box import Box, _broadcast_boxes
-from perturb.boxes.volume import _log_volume
+from perturb.boxes.volume import _log, _log_gumbel_side_slope, _log_softplus, _log_volume
 
-__all__ = ["intersection", "containment_prob", "log_containment_prob", "overlap"]
+__all__ = ["intersection", "containment_prob", "log_containment_prob",
+           "log1m_containment_prob", "log1mexp", "overlap"]
+
+#: A pair counts as nested when every δ_i <= _NESTED · β_vol (midpoint rule below it).
+_NESTED = 1e-2
 
 
 def _lse_correction(a: torch.Tensor, b: torch.Tensor, beta: float | torch.Tensor
@@ -180,6 +184,99 @@ def log_containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = Non
         # An empty hard b is contained in every box: P = 1 (0/0 otherwise).
         out = torch.where(torch.isneginf(log_b).expand_as(out), torch.zeros_like(out), out)
     return out.clamp(max=0.0)
+
+
+def log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 − exp(x)) for x ≤ 0, stably (Mächler 2012): log(−expm1(x)) for x > −log 2,
+    log1p(−exp(x)) otherwise. ``-inf`` at x = 0.
+
+    Shape:
+        any; elementwise.
+    """
+    cut = x > -math.log(2.0)
+    x_hi = torch.where(cut, x, torch.full_like(x, -1.0))
+    x_lo = torch.where(cut, torch.full_like(x, -1.0), x)
+    return torch.where(cut, torch.log(-torch.expm1(x_hi)), torch.log1p(-torch.exp(x_lo)))
+
+
+def _log1m_nested(a: Box, b: Box, beta: float | torch.Tensor, vbeta: float | torch.Tensor,
+                  approx: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(nested, log(1 − P))`` for Gumbel boxes: the mask of the pairs with every
+    δ_i <= 1e-2·β_vol, and log(1 − P(b ⊆ a)) on those pairs by the first-order form.
+
+    The Gumbel intersection's side i is b's side w_i shortened by
+    δ_i = β·softplus((lo_a − lo_b)/β) + β·softplus((hi_b − hi_a)/β) > 0, so with L the log
+    expected side, −log P = Σ_i [L(w_i) − L(w_i − δ_i)] = Σ_i δ_i·L′(w_i − δ_i/2)·(1 + ε_i)
+    (midpoint rule; ε_i = O((δ_i/β_vol)²), as the derivatives of L scale with 1/β_vol). Hence
+    log(−log P) = s = logsumexp_i(log δ_i + log L′(w_i − δ_i/2)), where log δ_i = log β +
+    log softplus(·) never underflows, and log(1 − P) = log(1 − exp(−e^s)).
+    """
+    a, b = _broadcast_boxes(a, b)
+    log_lo = _log_softplus((a.lower - b.lower) / beta)
+    log_hi = _log_softplus((b.upper - a.upper) / beta)
+    log_delta = torch.logaddexp(log_lo, log_hi) + _log(beta)
+    nested = (log_delta - _log(_NESTED * vbeta)).amax(dim=-1) <= 0
+    if isinstance(vbeta, torch.Tensor) and vbeta.ndim:
+        vbeta = vbeta.expand_as(log_delta)[nested]
+    ld = log_delta[nested]
+    mid = (b.upper - b.lower).expand_as(log_delta)[nested] - 0.5 * torch.exp(ld)
+    s = torch.logsumexp(ld + _log_gumbel_side_slope(mid, vbeta, approx), dim=-1)
+    # log(1 − e^{−t}), t = e^s, is s − t/2 + O(t²): s itself below t = 2e-9
+    near = torch.where(s < -20.0, s, torch.log(-torch.expm1(-torch.exp(s.clamp(min=-20.0)))))
+    return nested, near
+
+
+def _merge_nested(far: torch.Tensor, nested: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
+    """``far`` with the entries where ``nested`` replaced by ``near`` (differentiably)."""
+    if not bool(nested.any()):
+        return far
+    return far.reshape(-1).index_put((nested.reshape(-1),), near).reshape(far.shape)
+
+
+def log1m_containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = None,
+                           volume_beta: float | torch.Tensor | None = None, *,
+                           temperature: float | torch.Tensor | None = None,
+                           approx: bool = False) -> torch.Tensor:
+    """``log(1 − P(b ⊆ a))``, accurate also when ``b`` lies deep inside ``a``.
+
+    This is the loss −log(1 − P) of a *negative* pair. Computed from log P it breaks down
+    where it matters: for Gumbel boxes P = 1 − O(e^{−Δ/β}) when b is nested Δ deep in a,
+    which rounds to 1 (float32: Δ > 16β) and leaves a wrongly nested negative pair with a
+    constant loss and a zero gradient, the flat region Gumbel boxes exist to remove. Here, for
+    Gumbel boxes whose intersection shortens every side of b by at most 1e-2·β_vol, −log P is
+    evaluated as Σ_i δ_i·L′(w_i − δ_i/2) in log space (δ_i: how much the intersection shortens
+    side i; L: the log expected side; midpoint rule, relative error below 1e-5), so log(1 − P)
+    is finite with a non-zero gradient at any finite depth. Elsewhere it is log1mexp(log P).
+    Hard and soft boxes have a hard intersection: for them a nested pair has P = 1 exactly and
+    the result is −inf, the true value.
+
+    Args, modes and shapes as :func:`containment_prob`; returns ``(*batch,)``, values <= 0.
+
+    Example:
+        >>> a = Box(torch.zeros(2), torch.ones(2))
+        >>> b = Box(torch.full((2,), 0.4), torch.full((2,), 0.6))
+        >>> log_containment_prob(a, b, beta=0.01)      # P rounds to 1 in float32
+        tensor(0.)
+        >>> log1m_containment_prob(a, b, beta=0.01)
+        tensor(-41.5500)
+    """
+    log_p = log_containment_prob(a, b, beta, volume_beta, temperature=temperature,
+                                 approx=approx)
+    return _log1m_containment(log_p, a, b, beta,
+                              beta if volume_beta is None else volume_beta, approx)
+
+
+def _log1m_containment(log_p: torch.Tensor, a: Box, b: Box, beta: float | torch.Tensor | None,
+                       vbeta: float | torch.Tensor | None, approx: bool) -> torch.Tensor:
+    """log(1 − P(b ⊆ a)) given log P (:func:`log1m_containment_prob`; ``beta=None``: hard
+    intersection, log1mexp only)."""
+    inside = log_p < 0       # P = 1 exactly: -inf, with a zero (not NaN) gradient
+    far = torch.where(inside, log1mexp(torch.where(inside, log_p, torch.full_like(log_p, -1.0))),
+                      torch.full_like(log_p, -math.inf))
+    if beta is None:
+        return far
+    nested, near = _log1m_nested(a, b, beta, vbeta, approx)
+    return _merge_nested(far, nested.expand_as(far), near)
 
 
 def containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = None,

@@ -15,31 +15,20 @@ containment loss): Σ 1[Vol > τ_v]·Vol.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
 from perturb._validation import check_choice, check_int
 from perturb.boxes.box import Box
-from perturb.boxes.intersection import log_containment_prob, overlap
+from perturb.boxes.intersection import (log1m_containment_prob, log1mexp,
+                                        log_containment_prob, overlap)
 from perturb.boxes.volume import volume
 
 __all__ = ["containment_loss", "overlap_loss", "volume_regularizer", "sample_negatives",
            "log1mexp"]
 
 _REDUCTIONS = ("mean", "sum", "none")
-
-
-def log1mexp(x: torch.Tensor) -> torch.Tensor:
-    """log(1 − exp(x)) for x ≤ 0, stably (Mächler 2012): log(−expm1(x)) for x > −log 2,
-    log1p(−exp(x)) otherwise. ``-inf`` at x = 0.
-
-    Shape:
-        any; elementwise.
-    """
-    cut = x > -math.log(2.0)
-    x_hi = torch.where(cut, x, torch.full_like(x, -1.0))
-    x_lo = torch.where(cut, torch.full_like(x, -1.0), x)
-    return torch.where(cut, torch.log(-torch.expm1(x_hi)), torch.log1p(-torch.exp(x_lo)))
 
 
 def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -74,7 +63,10 @@ def _check_margin(margin: float) -> None:
 
 
 def _binary_loss(log_p: torch.Tensor, target: torch.Tensor | float | None, negatives: str,
-                 margin: float, reduction: str) -> torch.Tensor:
+                 margin: float, reduction: str,
+                 log1m_p: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
+    """``log1m_p``: computes log(1 − p) when the default log1mexp(log p) is not accurate
+    enough (containment of Gumbel boxes)."""
     check_choice(negatives, ("nll", "margin"), "negatives")
     t = _target(target, log_p)
     pos = -log_p
@@ -83,7 +75,11 @@ def _binary_loss(log_p: torch.Tensor, target: torch.Tensor | float | None, negat
     if negatives == "nll":
         # Clamp so that p == 1 in floating point gives a large finite loss, not inf.
         tiny = torch.finfo(log_p.dtype).eps
-        neg = -log1mexp(log_p.clamp(max=-tiny))
+        if log1m_p is None:
+            neg = -log1mexp(log_p.clamp(max=-tiny))
+        else:       # accurate and finite; -inf only if P is exactly 1
+            log1m = log1m_p()
+            neg = -torch.where(torch.isneginf(log1m), math.log(tiny), log1m)
     else:
         neg = torch.relu(torch.exp(log_p) - margin)
     # Select rather than multiply, so a -inf log p on an unused side cannot give 0·inf = NaN.
@@ -116,8 +112,10 @@ def containment_loss(parent: Box, child: Box, beta: float | torch.Tensor | None 
         ``reduction="none"``.
 
     Returns:
-        The loss. With ``negatives="nll"`` a negative pair whose P rounds to 1 gets the large
-        finite loss −log(eps) instead of inf.
+        The loss. With ``negatives="nll"``, log(1 − P) of Gumbel boxes comes from
+        :func:`~perturb.boxes.log1m_containment_prob`, so a negative pair nested deep inside
+        keeps its (large) loss and a gradient that pushes it out; for hard and soft boxes a
+        pair with P = 1 in floating point gets the finite loss −log(eps).
 
     Raises:
         ValueError: bad box-model arguments (see :func:`containment_prob`), labels outside
@@ -132,7 +130,13 @@ def containment_loss(parent: Box, child: Box, beta: float | torch.Tensor | None 
     _check_margin(margin)
     log_p = log_containment_prob(parent, child, beta, volume_beta, temperature=temperature,
                                  approx=approx)
-    return _binary_loss(log_p, target, negatives, margin, reduction)
+
+    def log1m_p() -> torch.Tensor:
+        return log1m_containment_prob(parent, child, beta, volume_beta, approx=approx)
+
+    # Gumbel boxes: log(1 − P) without rounding P to 1 for deeply nested negatives
+    return _binary_loss(log_p, target, negatives, margin, reduction,
+                        None if beta is None else log1m_p)
 
 
 def overlap_loss(a: Box, b: Box, beta: float | torch.Tensor | None = None, *,

@@ -139,6 +139,65 @@ class _LogK0Exp(torch.autograd.Function):
         return _log_k0_exp_backward(u, grad_output)
 
 
+def _log_neg_g_prime(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """h(u) = log(−g'(u)) = log(z·K1(z)/K0(z)), z = e^u (the log slope of g, for
+    :func:`_log_gumbel_side_slope`); h'(u) = z·(r − 1/r), r = K1(z)/K0(z), from
+    K0' = −K1 and K1' = −K0 − K1/z (1 − 1/(2z) for z > 1e6, where r − 1/r cancels). For u < −20, −g' = 1/t with t = log 2 − u − γ, so h = −log t
+    and h' = 1/t; beyond u_max h continues constant, as g continues linearly."""
+    um = _u_max(u.dtype)
+    uc = u.clamp(_SMALL_U, um)
+    z = torch.exp(uc)
+    r = torch.special.scaled_modified_bessel_k1(z) / torch.special.scaled_modified_bessel_k0(z)
+    # z·(r − 1/r) cancels for large z; there K1/K0 = 1 + 1/(2z) − 1/(8z²) + O(z⁻³) gives
+    # z·(r − 1/r) = 1 − 1/(2z) + O(z⁻²)
+    value = uc + torch.log(r)
+    slope = torch.where(z > 1e6, 1.0 - 0.5 / z, z * (r - 1.0 / r))
+    if u.numel() and _any(u.amax() > um):
+        slope = torch.where(u > um, torch.zeros_like(slope), slope)
+    if u.numel() and _any(u.amin() < _SMALL_U):
+        t = (_LOG2 - EULER_GAMMA) - u.clamp(max=_SMALL_U)
+        value = torch.where(u < _SMALL_U, -torch.log(t), value)
+        slope = torch.where(u < _SMALL_U, 1.0 / t, slope)
+    return value, slope
+
+
+class _LogNegGPrime(torch.autograd.Function):
+    """h(u) = log(−g'(u)) = log(z·K1(z)/K0(z)), z = e^u, with h'(u) = z·(K1/K0 − K0/K1)
+    (regimes as :func:`_log_neg_g_prime`). Once differentiable."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        return _log_neg_g_prime(u)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(output[1])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_value: torch.Tensor, _: torch.Tensor  # type: ignore[override]
+                 ) -> torch.Tensor:
+        (slope,) = ctx.saved_tensors
+        return grad_value * slope
+
+
+def _log_gumbel_side_slope(width: torch.Tensor, beta: float | torch.Tensor, approx: bool
+                           ) -> torch.Tensor:
+    """log of d/dx log E[side](x) at x = ``width`` (positive for every finite x).
+
+    exact: d/dx log(2β·K0(2e^{−x/(2β)})) = −g'(u)/(2β), u = log 2 − x/(2β);
+    approx: d/dx log(β·softplus(y)) = σ(y)/(β·softplus(y)), y = x/β − 2γ.
+    Differentiable (the exact form through :class:`_LogNegGPrime`).
+    """
+    if approx:
+        y = width / beta - 2.0 * EULER_GAMMA
+        return F.logsigmoid(y) - _log_softplus(y) - _log(beta)
+    return _LogNegGPrime.apply(_LOG2 - width / (2.0 * beta))[0] - _log(2.0 * beta)
+
+
 def _log_softplus(y: torch.Tensor) -> torch.Tensor:
     """log(softplus(y)) = log log(1 + e^y), finite for every finite y (≈ y − e^y/2 for y ≪ 0)."""
     tail = y < _SOFTPLUS_TAIL

@@ -162,6 +162,40 @@ def test_hard_boxes_have_zero_gradients_where_gumbel_does_not():
     assert soft < hard
 
 
+def test_stalled_pairs_hard_all_gumbel_none():
+    """Violated pairs whose own loss has zero gradient: every disjoint hard positive, no
+    Gumbel pair (the local identifiability of Dasgupta et al.)."""
+    g = random_dag(30, 0.05, seed=0)
+    kw = dict(epochs=1, batch_size=1000, negatives_per_positive=0, seed=0, progress=False,
+              init=(0.01, 0.02))
+    hard = train_hierarchy(g, 4, "hard", **kw).history
+    gumbel = train_hierarchy(g, 4, "gumbel", beta=0.05, **kw).history
+    assert hard.epoch_violated_fraction[0] > 0.9          # tiny random boxes: all disjoint
+    assert hard.epoch_stalled_fraction[0] > 0.9
+    assert gumbel.epoch_violated_fraction[0] > 0.9
+    assert gumbel.epoch_stalled_fraction[0] == 0.0
+    assert hard.stalled_fraction == hard.epoch_stalled_fraction
+
+
+def test_stalled_pairs_counts_nested_hard_negative():
+    """A negative pair nested by hard boxes (p = 1) is violated and stalled; the same pair as a
+    positive is satisfied. Gumbel boxes give it a gradient."""
+    from perturb.boxes.embedding import _inv_softplus
+    from perturb.boxes.hierarchy import BoxHierarchyModel, _stalled_pairs
+    for method, stalled in (("hard", 1), ("gumbel", 0)):
+        m = BoxHierarchyModel(2, 2, method, init=(0.1, 0.5), generator=torch.Generator()
+                              .manual_seed(0), dtype=torch.float64)
+        with torch.no_grad():      # box 0 = [0.4, 0.5]^2 inside box 1 = [0, 1]^2
+            m.embedding.param1.copy_(torch.tensor([[0.45, 0.45], [0.5, 0.5]]))
+            m.embedding.param2.copy_(_inv_softplus(torch.tensor([[0.05, 0.05], [0.5, 0.5]])))
+            box = m.embedding.all_boxes()
+        torch.testing.assert_close(box.lower[0], torch.full((2,), 0.4, dtype=torch.float64))
+        pairs = torch.tensor([[0, 1]])
+        lp = m.log_containment(pairs[:, 0], pairs[:, 1])
+        assert _stalled_pairs(m, pairs, lp, 0, 1e-12) == (stalled, 1)   # as a negative
+        assert _stalled_pairs(m, pairs, lp, 1, 1e-12) == (0, 0)         # as a positive
+
+
 def test_training_is_reproducible_and_accepts_edges():
     g = random_dag(15, 0.1, seed=4)
     kw = dict(epochs=3, batch_size=8, negatives_per_positive=3, progress=False)

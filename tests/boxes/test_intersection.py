@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perturb.boxes import (EULER_GAMMA, Box, containment_prob, intersection,
+                           log1m_containment_prob, log1mexp,
                            log_containment_prob, overlap, volume)
 from perturb.boxes.intersection import _gumbel_intersection_backward, _GumbelIntersection
 
@@ -322,3 +323,91 @@ def test_containment_broadcasts_all_pairs():
                 torch.testing.assert_close(o[i, j], overlap(boxes[j], boxes[i], **kw))
         if not kw:   # hard: every box contains itself
             torch.testing.assert_close(p.diagonal(), torch.ones(2, dtype=F64))
+
+
+# ----------------------------------------------------------------- log(1 − P), nested pairs
+def _mp_log1m_containment(alo, ahi, blo, bhi, beta, vbeta):
+    """log(1 − P(b ⊆ a)) of Gumbel boxes at 60 digits (mpmath), the direct formula."""
+    mpmath = pytest.importorskip("mpmath")
+    with mpmath.workdps(60):
+        def side(x):
+            return 2 * vbeta * mpmath.besselk(0, 2 * mpmath.exp(-x / (2 * vbeta)))
+        p = mpmath.mpf(1)
+        for la, ha, lb, hb in zip(alo, ahi, blo, bhi):
+            la, ha, lb, hb = (mpmath.mpf(v) for v in (la, ha, lb, hb))
+            lo = beta * mpmath.log(mpmath.exp(la / beta) + mpmath.exp(lb / beta))
+            hi = -beta * mpmath.log(mpmath.exp(-ha / beta) + mpmath.exp(-hb / beta))
+            p *= side(hi - lo) / side(hb - lb)
+        return float(mpmath.log(1 - p))
+
+
+@pytest.mark.parametrize("depth", [0.001, 0.01, 0.03, 0.05, 0.1, 0.2, 0.4])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_log1m_containment_matches_high_precision(depth, dtype):
+    """Children from barely to deeply inside (δ/β_vol from 0.3 down to e^{-40}): the nested
+    branch (midpoint rule) and the direct branch both agree with a 60-digit evaluation, also
+    where 1 − P is below the dtype's resolution (depth 0.2 in float32, 0.4 in both)."""
+    alo, ahi = [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]
+    blo, bhi = [depth, depth + 0.05, 2 * depth], [0.7, 1.0 - depth, 0.5]
+    a = Box(torch.tensor(alo, dtype=dtype), torch.tensor(ahi, dtype=dtype))
+    b = Box(torch.tensor(blo, dtype=dtype), torch.tensor(bhi, dtype=dtype))
+    got = log1m_containment_prob(a, b, beta=0.01, volume_beta=0.1).item()
+    want = _mp_log1m_containment(alo, ahi, blo, bhi, 0.01, 0.1)
+    assert got == pytest.approx(want, rel=1e-7 if dtype == F64 else 2e-5)
+    if depth >= 0.4:            # log1mexp(log P) is off: -inf (float32) or by > 5% (float64)
+        old = log1mexp(log_containment_prob(a, b, beta=0.01, volume_beta=0.1)).item()
+        assert abs(old - want) > 0.05
+
+
+def test_log1m_containment_equals_log1mexp_where_p_is_accurate():
+    g = torch.Generator().manual_seed(0)
+    lo_a = torch.rand(200, 4, generator=g, dtype=F64) * 0.2
+    a = Box(lo_a, lo_a + 1.0)
+    lo_b = lo_a + torch.rand(200, 4, generator=g, dtype=F64) * 0.3 - 0.05
+    b = Box(lo_b, lo_b + 0.4 * torch.rand(200, 4, generator=g, dtype=F64) + 0.05)
+    for kw in (dict(beta=0.05, volume_beta=0.2), dict(beta=0.1), dict(beta=0.1, approx=True),
+               dict(temperature=0.1), {}):
+        got = log1m_containment_prob(a, b, **kw)
+        want = log1mexp(log_containment_prob(a, b, **kw))
+        ok = want > -20          # P - 1 resolvable in float64 through log P
+        torch.testing.assert_close(got[ok], want[ok], rtol=1e-6, atol=1e-9)
+
+
+def test_log1m_containment_gradcheck_and_nested_gradient():
+    """gradcheck on nested and non-nested pairs (lower, upper of both boxes, float64); the
+    deeply nested negative of hard boxes has log(1 − P) = -inf with a zero, not NaN, gradient."""
+    lo_a = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]], dtype=F64)
+    hi_a = torch.ones(3, 2, dtype=F64)
+    lo_b = torch.tensor([[0.3, 0.35], [0.05, 0.2], [0.5, -0.2]], dtype=F64)   # nested x2, not
+    hi_b = torch.tensor([[0.6, 0.7], [0.5, 0.98], [1.2, 0.4]], dtype=F64)
+    ins = [t.clone().requires_grad_() for t in (lo_a, hi_a, lo_b, hi_b)]
+
+    def f(la, ha, lb, hb):
+        return log1m_containment_prob(Box(la, ha), Box(lb, hb), beta=0.05, volume_beta=0.2)
+
+    from perturb.boxes.intersection import _log1m_nested
+    nested, _ = _log1m_nested(Box(lo_a, hi_a), Box(lo_b, hi_b), 0.05, 0.2, False)
+    assert nested.tolist() == [True, False, False]
+    lo_b2 = lo_b.clone()
+    lo_b2[1] = torch.tensor([0.25, 0.25])              # make the second pair nested too
+    ins[2] = lo_b2.clone().requires_grad_()
+    assert torch.autograd.gradcheck(f, tuple(ins), eps=1e-7, atol=1e-7, rtol=1e-5)
+    lb = lo_b.clone().requires_grad_()
+    hard = log1m_containment_prob(Box(lo_a, hi_a), Box(lb, hi_b))
+    assert hard[0].item() == -math.inf
+    (g,) = torch.autograd.grad(hard[1:].sum() + 0 * hard[0].clamp(min=-1.0), (lb,))
+    assert bool(torch.isfinite(g).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_log1m_containment_deep_nesting_has_finite_nonzero_gradient(dtype):
+    """At depths where e^{-Δ/β} underflows the dtype, log(1 − P) ≈ −Δ/β stays finite and its
+    gradient moves the child's corners outwards."""
+    a = Box(torch.zeros(3, dtype=dtype), torch.ones(3, dtype=dtype))
+    lo = torch.full((3,), 0.45, dtype=dtype, requires_grad=True)
+    hi = torch.full((3,), 0.55, dtype=dtype, requires_grad=True)
+    out = log1m_containment_prob(a, Box(lo, hi), beta=1e-3, volume_beta=0.1)
+    assert math.isfinite(out.item()) and out.item() < -400
+    g_lo, g_hi = torch.autograd.grad(-out, (lo, hi))
+    assert bool((g_lo > 0).all() and (g_hi < 0).all())
+    assert bool(torch.isfinite(g_lo).all() and torch.isfinite(g_hi).all())

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from perturb.boxes import (Box, containment_loss, containment_prob, log1mexp,
+from perturb.boxes import (EULER_GAMMA, Box, containment_loss, containment_prob, log1mexp,
                            log_containment_prob, overlap, overlap_loss, sample_negatives, volume,
                            volume_regularizer)
 
@@ -63,12 +63,18 @@ def test_negative_loss_stable_when_p_near_one_or_zero():
     lo, hi = child.lower.clone().requires_grad_(), child.upper.clone().requires_grad_()
     loss = containment_loss(parent, Box(lo, hi), beta=1e-3, target=torch.zeros(2),
                             reduction="none")
-    # deeply nested negative: P rounds to 1 in float32 -> finite loss −log(eps); far negative: 0
+    # deeply nested negative: P rounds to 1 in float32, yet the loss is the true −log(1 − P):
+    # −log P = Σ_i δ_i·L'(w_i) with δ_i = 2β·e^{−0.4/β} per side pair and, for this wide side
+    # (w = 0.2 = 200β, small-z regime of K0), L'(w) = 1/(w − 2βγ); far negative: loss 0
     assert bool(torch.isfinite(loss).all())
-    assert loss[0].item() == pytest.approx(-math.log(torch.finfo(torch.float32).eps), rel=1e-4)
+    beta, w = 1e-3, 0.2
+    expected = -(math.log(2 * 2 * beta) - 0.4 / beta - math.log(w - 2 * beta * EULER_GAMMA))
+    assert loss[0].item() == pytest.approx(expected, rel=1e-6)
     assert loss[1].item() < 1e-6
-    grads = torch.autograd.grad(loss.sum(), (lo, hi))
-    assert all(bool(torch.isfinite(g).all()) for g in grads)
+    g_lo, g_hi = torch.autograd.grad(loss.sum(), (lo, hi))
+    assert bool(torch.isfinite(g_lo).all() and torch.isfinite(g_hi).all())
+    # the gradient pushes the nested negative child out: lower corner down, upper corner up
+    assert bool((g_lo[0] > 0).all() and (g_hi[0] < 0).all())
     # hard boxes: a disjoint positive has P = 0 and loss inf; a nested negative with P = 1 is
     # clamped to the finite −log(eps)
     hard = containment_loss(parent, child, target=torch.tensor([0.0, 1.0]), reduction="none")

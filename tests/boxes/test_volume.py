@@ -188,6 +188,28 @@ def test_log_k0_exp_gradcheck_all_regimes():
     assert torch.autograd.gradcheck(_LogK0Exp.apply, (u,), eps=1e-6, atol=1e-8, rtol=1e-6)
 
 
+def test_log_side_slope_matches_scipy_and_gradcheck():
+    """log L'(x) (L = log expected Gumbel side) = log(z K1(z)/K0(z)) − log 2β, z = 2e^{−x/2β};
+    its custom derivative h'(u) = z (K1/K0 − K0/K1) by gradcheck in every regime."""
+    from perturb.boxes.volume import _log_gumbel_side_slope, _LogNegGPrime
+    beta = 0.3
+    x = np.array([-20.0, -3.0, -0.5, 0.0, 0.4, 2.0, 10.0, 40.0])
+    z = 2 * np.exp(-x / (2 * beta))
+    want = np.log(z * sp.k1e(z) / sp.k0e(z)) - np.log(2 * beta)
+    got = _log_gumbel_side_slope(torch.tensor(x, dtype=torch.float64), beta, False)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
+    # the approx form: d/dx log(β softplus(x/β − 2γ))
+    y = x / beta - 2 * EULER_GAMMA
+    want_a = np.log(sp.expit(y) / (beta * np.logaddexp(0, y)))
+    got_a = _log_gumbel_side_slope(torch.tensor(x, dtype=torch.float64), beta, True)
+    np.testing.assert_allclose(got_a.numpy(), want_a, rtol=1e-12)
+    um = _u_max(torch.float64)
+    u = torch.tensor([-60.0, -20.5, -19.5, -5.0, 0.0, 1.2, 4.0, 40.0, um + 3.0],
+                     dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: _LogNegGPrime.apply(t)[0], (u,), eps=1e-6,
+                                    atol=1e-8, rtol=1e-6)
+
+
 def test_log_k0_exp_backward_helper_matches_scipy():
     u = np.array([-30.0, -19.0, -3.0, 0.0, 2.0, 50.0])
     z = np.exp(u)
