@@ -10,7 +10,7 @@ the other closure edges, pick the threshold on validation pairs, report F1 on he
 pairs (10 corrupted negatives per positive, filtered against the full closure). The full noun
 hierarchy (82,115 synsets) only with --full-wordnet.
 
-Outputs in --out: results.md (tables), results.json, f1_curves.png, zero_grad.png and
+Outputs in --out: results.md (tables), results.json, f1_curves.png, zero_grad.png, stalled.png and
 boxes_2d.png (learned 2-D Gumbel boxes of a 15-node tree).
 
     python examples/box_hierarchy.py --quick
@@ -66,7 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--decay-epochs", type=int, default=None,
                    help="after --epochs, this many epochs at lr/5 and again at lr/25 "
-                        "(reconstruction only; default 5, --quick 0)")
+                        "(default 5, --quick 0)")
     p.add_argument("--beta", type=float, default=0.01, help="Gumbel intersection scale")
     p.add_argument("--volume-beta", type=float, default=0.1, help="Gumbel volume scale")
     p.add_argument("--temperature", type=float, default=0.1, help="soft-box temperature")
@@ -77,6 +77,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--wordnet-epochs", type=int, default=None)
     p.add_argument("--wordnet-negatives", type=int, default=None,
                    help="negatives per positive on WordNet (default: --negatives)")
+    p.add_argument("--gen-volume-beta", type=float, default=0.3,
+                   help="Gumbel volume scale in setting 2 (chosen on validation F1)")
+    p.add_argument("--gen-temperature", type=float, default=0.3,
+                   help="soft-box temperature in setting 2 (chosen on validation F1)")
     p.add_argument("--train-fraction", type=float, default=0.25,
                    help="setting 2: fraction of non-basic closure edges used for training")
     p.add_argument("--full-wordnet", action="store_true",
@@ -94,47 +98,57 @@ def mean_std(xs: list[float]) -> str:
     return f"{statistics.mean(xs):.4f} ± {statistics.stdev(xs):.4f}"
 
 
+def train_phased(graph, dim, method, args, epochs, negatives, seed, hp, eval_fn=None,
+                 eval_every=0, train_edges=None):
+    """train_hierarchy with the lr schedule: `epochs` at lr, then --decay-epochs at lr/5 and at
+    lr/25. Returns the model and the run's training-health record."""
+    phases = [(epochs, args.lr)]
+    if args.decay_epochs:
+        phases += [(args.decay_epochs, args.lr / 5), (args.decay_epochs, args.lr / 25)]
+    model, zero, zero_curve, stalled_curve, f1_curve, done = None, [], [], [], [], 0
+    for i, (ep, lr) in enumerate(phases):
+        res = train_hierarchy(
+            graph, dim, method, beta=hp["beta"], volume_beta=hp["volume_beta"],
+            temperature=hp["temperature"], epochs=ep, lr=lr, negatives_per_positive=negatives,
+            batch_size=args.batch_size, seed=seed + 1000 * i, device=args.device, model=model,
+            train_edges=train_edges, progress=not args.no_progress, eval_fn=eval_fn,
+            eval_every=min(eval_every, ep) if eval_fn else 0)
+        model, h = res.model, res.history
+        zero += h.zero_grad_fraction
+        zero_curve += h.epoch_zero_grad_fraction
+        stalled_curve += h.epoch_stalled_fraction
+        f1_curve += [(done + e["epoch"], e["f1"]) for e in h.eval]
+        done += ep
+    return model, dict(epochs=done, zero_grad=sum(zero) / len(zero), zero_grad_curve=zero_curve,
+                       stalled=sum(stalled_curve) / len(stalled_curve),
+                       stalled_curve=stalled_curve, f1_curve=f1_curve,
+                       containment_accuracy=h.containment_accuracy[-1],
+                       volume_quantiles=h.volume_quantiles[-1], loss=h.loss[-1])
+
+
 def run_reconstruction(name, graph, dims, args, epochs, negatives, log) -> list[dict]:
     """Setting 1: train on the closure, F1 over all ordered pairs at the best threshold."""
     clo = edge_index(graph, transitive_closure(graph).edges)
     eval_every = args.eval_every or max(1, epochs // 10)
+    hp = dict(beta=args.beta, volume_beta=args.volume_beta, temperature=args.temperature)
     rows = []
     for dim in dims:
         for method in args.methods:
             for s in range(args.seeds):
                 seed = args.seed + s
                 t0 = time.perf_counter()
-                # lr schedule: `epochs` at lr, then decay_epochs at lr/5 and at lr/25
-                phases = [(epochs, args.lr)]
-                if args.decay_epochs:
-                    phases += [(args.decay_epochs, args.lr / 5), (args.decay_epochs, args.lr / 25)]
-                model, zero, zero_curve, f1_curve, done = None, [], [], [], 0
-                for i, (ep, lr) in enumerate(phases):
-                    res = train_hierarchy(
-                        graph, dim, method, beta=args.beta, volume_beta=args.volume_beta,
-                        temperature=args.temperature, epochs=ep, lr=lr,
-                        negatives_per_positive=negatives, batch_size=args.batch_size,
-                        seed=seed + 1000 * i, device=args.device, model=model,
-                        progress=not args.no_progress,
-                        eval_fn=lambda m: {"f1": all_pairs_f1(m, clo).f1},
-                        eval_every=min(eval_every, ep))
-                    model, h = res.model, res.history
-                    zero += h.zero_grad_fraction
-                    zero_curve += h.epoch_zero_grad_fraction
-                    f1_curve += [(done + e["epoch"], e["f1"]) for e in h.eval]
-                    done += ep
+                model, health = train_phased(graph, dim, method, args, epochs, negatives, seed,
+                                             hp, lambda m: {"f1": all_pairs_f1(m, clo).f1},
+                                             eval_every)
                 final = all_pairs_f1(model, clo)
                 row = dict(setting=f"reconstruction/{name}", dim=dim, method=method, seed=seed,
-                           epochs=done,
                            f1=final.f1, precision=final.precision, recall=final.recall,
-                           zero_grad=sum(zero) / len(zero), zero_grad_curve=zero_curve,
-                           f1_curve=f1_curve, containment_accuracy=h.containment_accuracy[-1],
-                           volume_quantiles=h.volume_quantiles[-1], loss=h.loss[-1],
-                           seconds=time.perf_counter() - t0)
+                           **health, seconds=time.perf_counter() - t0)
                 rows.append(row)
                 log(f"[{name}] d={dim} {method:6s} seed={seed}: F1={final.f1:.4f} "
                     f"(P={final.precision:.3f} R={final.recall:.3f}) zero-grad="
-                    f"{row['zero_grad']:.3f} {row['seconds']:.0f}s")
+                    f"{row['zero_grad']:.3f} stalled={row['stalled']:.3f} "
+                    f"{row['seconds']:.0f}s")
     return rows
 
 
@@ -148,6 +162,8 @@ def eval_pairs(pos, n, k, closure_codes, gen):
 def run_generalisation(name, graph, dim, args, epochs, negatives, log) -> list[dict]:
     """Setting 2: train on reduction + a fraction of the closure, threshold on validation."""
     n = graph.number_of_nodes()
+    hp = dict(beta=args.beta, volume_beta=args.gen_volume_beta,
+              temperature=args.gen_temperature)
     rows = []
     for s in range(args.seeds):
         seed = args.seed + s
@@ -159,24 +175,17 @@ def run_generalisation(name, graph, dim, args, epochs, negatives, log) -> list[d
         test_pairs, test_labels = eval_pairs(split.test, n, 10, codes, gen)
         for method in args.methods:
             t0 = time.perf_counter()
-            res = train_hierarchy(
-                graph, dim, method, beta=args.beta, volume_beta=args.volume_beta,
-                temperature=args.temperature, epochs=epochs,
-                lr=args.lr, negatives_per_positive=negatives, batch_size=args.batch_size,
-                seed=seed, device=args.device, train_edges=split.train,
-                progress=not args.no_progress)
-            val = evaluate(res.model, val_pairs, val_labels)
-            test = evaluate(res.model, test_pairs, test_labels, val.threshold)
-            h = res.history
+            model, health = train_phased(graph, dim, method, args, epochs, negatives, seed, hp,
+                                         train_edges=split.train)
+            val = evaluate(model, val_pairs, val_labels)
+            test = evaluate(model, test_pairs, test_labels, val.threshold)
             rows.append(dict(setting=f"generalisation/{name}", dim=dim, method=method, seed=seed,
                              f1=test.f1, precision=test.precision, recall=test.recall,
-                             val_f1=val.f1, epochs=epochs,
-                             zero_grad=sum(h.zero_grad_fraction) / len(h.zero_grad_fraction),
-                             zero_grad_curve=h.epoch_zero_grad_fraction, f1_curve=[],
+                             val_f1=val.f1, **{**health, "f1_curve": []},
                              seconds=time.perf_counter() - t0))
             log(f"[{name} generalisation] d={dim} {method:6s} seed={seed}: test F1={test.f1:.4f}"
-                f" (val F1={val.f1:.4f}) train edges={split.train.shape[0]} "
-                f"{rows[-1]['seconds']:.0f}s")
+                f" (val F1={val.f1:.4f}) train edges={split.train.shape[0]} stalled="
+                f"{rows[-1]['stalled']:.3f} {rows[-1]['seconds']:.0f}s")
     return rows
 
 
@@ -186,27 +195,32 @@ def table(rows: list[dict]) -> str:
         k = (r["setting"], r["dim"], r["method"])
         if k not in keys:
             keys.append(k)
-    out = ["| setting | d | method | F1 (mean ± std) | precision | recall | zero-grad fraction "
-           "| epochs | seconds per run | seeds |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| setting | d | method | F1 (mean ± std) | precision | recall | stalled pairs "
+           "| zero-grad entries | epochs | seconds per run | seeds |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for k in keys:
         rs = [r for r in rows if (r["setting"], r["dim"], r["method"]) == k]
         out.append(f"| {k[0]} | {k[1]} | {k[2]} | {mean_std([r['f1'] for r in rs])} | "
                    f"{mean_std([r['precision'] for r in rs])} | "
                    f"{mean_std([r['recall'] for r in rs])} | "
+                   f"{mean_std([r['stalled'] for r in rs])} | "
                    f"{mean_std([r['zero_grad'] for r in rs])} | {rs[0].get('epochs', '-')} | "
                    f"{statistics.mean(r['seconds'] for r in rs):.0f} | {len(rs)} |")
     return "\n".join(out)
 
 
-def plot_curves(rows: list[dict], path_f1: str, path_zero: str) -> None:
+def plot_curves(rows: list[dict], path_f1: str, path_zero: str, path_stalled: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     recon = [r for r in rows if r["f1_curve"]]
     groups = sorted({(r["setting"], r["dim"]) for r in recon})
     colors = {"gumbel": "tab:blue", "soft": "tab:orange", "hard": "tab:red"}
-    for path, key in ((path_f1, "f1_curve"), (path_zero, "zero_grad_curve")):
+    ylabels = {"f1_curve": "F1 (all pairs, best threshold)",
+               "zero_grad_curve": "fraction of zero gradient entries",
+               "stalled_curve": "stalled / violated pairs"}
+    for path, key in ((path_f1, "f1_curve"), (path_zero, "zero_grad_curve"),
+                      (path_stalled, "stalled_curve")):
         fig, axes = plt.subplots(1, max(1, len(groups)), figsize=(4.5 * max(1, len(groups)), 3.5),
                                  squeeze=False)
         for ax, (setting, dim) in zip(axes[0], groups):
@@ -221,8 +235,7 @@ def plot_curves(rows: list[dict], path_f1: str, path_zero: str) -> None:
                         label=r["method"] if r["seed"] == rows[0]["seed"] else None)
             ax.set_title(f"{setting.split('/')[1]}, d={dim}", fontsize=9)
             ax.set_xlabel("epoch")
-            ax.set_ylabel("F1 (all pairs, best threshold)" if key == "f1_curve"
-                          else "fraction of zero gradients")
+            ax.set_ylabel(ylabels[key])
             ax.set_ylim(-0.02, 1.02)
             ax.legend(fontsize=8)
         fig.tight_layout()
@@ -308,12 +321,14 @@ def main(argv=None) -> None:
     elif not args.quick and not args.no_wordnet:
         log(f"WordNet not found in {wordnet_dir()}: skipping the mammal settings")
     plot_curves(rows, os.path.join(args.out, "f1_curves.png"),
-                os.path.join(args.out, "zero_grad.png"))
+                os.path.join(args.out, "zero_grad.png"), os.path.join(args.out, "stalled.png"))
     plot_boxes_2d(args, os.path.join(args.out, "boxes_2d.png"))
     md = ["# Box embeddings of hierarchies: hard vs soft vs Gumbel", "",
           f"Command: `{' '.join(sys.argv)}`; total {time.perf_counter() - t_start:.0f} s.", "",
           "F1 over all ordered pairs at the best threshold (reconstruction), or on held-out "
-          "closure pairs with the validation threshold (generalisation). zero-grad fraction: "
+          "closure pairs with the validation threshold (generalisation). stalled pairs: mean "
+          "over epochs of the fraction of violated pairs (positives with P < 1/2, negatives "
+          "with P > 1/2) whose own loss has a zero gradient. zero-grad entries: "
           "mean over steps of the fraction of gradient entries of the boxes in the batch that "
           "are exactly zero (|g| <= 1e-12).", "", table(rows), "", "## Log", "", "```",
           *lines, "```", ""]
@@ -322,7 +337,8 @@ def main(argv=None) -> None:
     with open(os.path.join(args.out, "results.json"), "w") as fh:
         json.dump(rows, fh, indent=1)
     print(table(rows))
-    print(f"wrote {args.out}/results.md, f1_curves.png, zero_grad.png, boxes_2d.png")
+    print(f"wrote {args.out}/results.md, f1_curves.png, zero_grad.png, stalled.png, "
+          f"boxes_2d.png")
 
 
 if __name__ == "__main__":

@@ -302,10 +302,13 @@ def transitive_closure(graph: nx.DiGraph, reflexive: bool = False) -> nx.DiGraph
 
     Computed in one pass in reverse topological order (ancestors(u) = ∪ over parents p of
     {p} ∪ ancestors(p)); O(closure size · average in-degree) time. Node attributes are kept;
-    with ``reflexive=True`` self-loops ``u -> u`` are added too.
+    with ``reflexive=True`` self-loops ``u -> u`` are added too. Edges come in node order
+    (by child, then ancestor), independent of the hash seed, so seeded splits and training
+    runs reproduce across processes.
     """
     check_hierarchy(graph)
     ancestors: dict[Hashable, set] = {}
+    position = {u: i for i, u in enumerate(graph.nodes)}
     out = nx.DiGraph()
     out.add_nodes_from(graph.nodes(data=True))
     for u in reversed(list(nx.topological_sort(graph))):   # parents before children
@@ -314,17 +317,22 @@ def transitive_closure(graph: nx.DiGraph, reflexive: bool = False) -> nx.DiGraph
             anc.add(p)
             anc |= ancestors[p]
         ancestors[u] = anc
-        out.add_edges_from((u, a) for a in anc)
+    for u in graph.nodes:       # edges in node order, not set (hash) order: reproducible
+        out.add_edges_from((u, a) for a in sorted(ancestors[u], key=position.__getitem__))
     if reflexive:
         out.add_edges_from((u, u) for u in graph.nodes)
     return out
 
 
 def transitive_reduction(graph: nx.DiGraph) -> nx.DiGraph:
-    """The transitive reduction (networkx), keeping node attributes."""
+    """The transitive reduction (networkx), keeping node attributes; edges in node order."""
     check_hierarchy(graph)
-    out = nx.transitive_reduction(graph)
+    red = nx.transitive_reduction(graph)
+    position = {u: i for i, u in enumerate(graph.nodes)}
+    out = nx.DiGraph()
     out.add_nodes_from(graph.nodes(data=True))
+    # edges in node order (networkx builds them from sets, whose order depends on the hash seed)
+    out.add_edges_from(sorted(red.edges, key=lambda e: (position[e[0]], position[e[1]])))
     return out
 
 
