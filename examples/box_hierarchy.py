@@ -19,6 +19,7 @@ boxes_2d.png (learned 2-D Gumbel boxes of a 15-node tree).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -37,6 +38,7 @@ from perturb.boxes.datasets import (  # noqa: E402
     wordnet_dir,
     wordnet_noun_hierarchy,
 )
+from perturb.boxes.distributed import train_hierarchy_distributed  # noqa: E402
 from perturb.boxes.hierarchy import (  # noqa: E402
     _sample_negatives,
     all_pairs_f1,
@@ -77,15 +79,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--wordnet-epochs", type=int, default=None)
     p.add_argument("--wordnet-negatives", type=int, default=None,
                    help="negatives per positive on WordNet (default: --negatives)")
-    p.add_argument("--gen-volume-beta", type=float, default=0.3,
+    p.add_argument("--gen-known", choices=("train", "closure", "both"), default="both",
+                   help="setting 2: negatives avoid the training edges, or their transitive "
+                        "closure (which holds the held-out pairs), or run both")
+    p.add_argument("--gen-beta", type=float, default=0.03,
+                   help="Gumbel intersection scale in setting 2 (chosen on validation F1)")
+    p.add_argument("--gen-negatives", type=int, default=10,
+                   help="negatives per positive in setting 2 (chosen on validation F1)")
+    p.add_argument("--no-mammal", action="store_true",
+                   help="skip the mammal runs (e.g. to run only --full-wordnet)")
+    p.add_argument("--gen-volume-beta", type=float, default=1.0,
                    help="Gumbel volume scale in setting 2 (chosen on validation F1)")
-    p.add_argument("--gen-temperature", type=float, default=0.3,
+    p.add_argument("--gen-temperature", type=float, default=1.0,
                    help="soft-box temperature in setting 2 (chosen on validation F1)")
     p.add_argument("--train-fraction", type=float, default=0.25,
                    help="setting 2: fraction of non-basic closure edges used for training")
     p.add_argument("--full-wordnet", action="store_true",
                    help="setting 2 also on the full noun hierarchy (slow)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--world-size", type=int, default=1,
+                   help="DDP processes (gloo on CPU) for the full noun hierarchy")
+    p.add_argument("--full-seeds", type=int, default=None,
+                   help="seeds for the full noun hierarchy (default: --seeds)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads (per process with --world-size)")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
 
@@ -99,20 +115,26 @@ def mean_std(xs: list[float]) -> str:
 
 
 def train_phased(graph, dim, method, args, epochs, negatives, seed, hp, eval_fn=None,
-                 eval_every=0, train_edges=None):
+                 eval_every=0, train_edges=None, world_size=1, known_edges=None):
     """train_hierarchy with the lr schedule: `epochs` at lr, then --decay-epochs at lr/5 and at
-    lr/25. Returns the model and the run's training-health record."""
+    lr/25 (on `world_size` DDP processes when > 1). Returns the model and the run's
+    training-health record."""
     phases = [(epochs, args.lr)]
     if args.decay_epochs:
         phases += [(args.decay_epochs, args.lr / 5), (args.decay_epochs, args.lr / 25)]
     model, zero, zero_curve, stalled_curve, f1_curve, done = None, [], [], [], [], 0
     for i, (ep, lr) in enumerate(phases):
-        res = train_hierarchy(
-            graph, dim, method, beta=hp["beta"], volume_beta=hp["volume_beta"],
-            temperature=hp["temperature"], epochs=ep, lr=lr, negatives_per_positive=negatives,
-            batch_size=args.batch_size, seed=seed + 1000 * i, device=args.device, model=model,
-            train_edges=train_edges, progress=not args.no_progress, eval_fn=eval_fn,
-            eval_every=min(eval_every, ep) if eval_fn else 0)
+        kw = dict(beta=hp["beta"], volume_beta=hp["volume_beta"], temperature=hp["temperature"],
+                  epochs=ep, lr=lr, negatives_per_positive=negatives, batch_size=args.batch_size,
+                  seed=seed + 1000 * i, device=args.device, model=model, train_edges=train_edges,
+                  known_edges=known_edges)
+        if world_size > 1:
+            res = train_hierarchy_distributed(graph, dim, method, world_size=world_size,
+                                              threads_per_process=args.threads or 1, **kw)
+        else:
+            res = train_hierarchy(graph, dim, method, progress=not args.no_progress,
+                                  eval_fn=eval_fn,
+                                  eval_every=min(eval_every, ep) if eval_fn else 0, **kw)
         model, h = res.model, res.history
         zero += h.zero_grad_fraction
         zero_curve += h.epoch_zero_grad_fraction
@@ -159,13 +181,15 @@ def eval_pairs(pos, n, k, closure_codes, gen):
     return pairs, labels
 
 
-def run_generalisation(name, graph, dim, args, epochs, negatives, log) -> list[dict]:
+def run_generalisation(name, graph, dim, args, epochs, negatives, log, world_size=1,
+                       seeds=None) -> list[dict]:
     """Setting 2: train on reduction + a fraction of the closure, threshold on validation."""
     n = graph.number_of_nodes()
-    hp = dict(beta=args.beta, volume_beta=args.gen_volume_beta,
+    hp = dict(beta=args.gen_beta, volume_beta=args.gen_volume_beta,
               temperature=args.gen_temperature)
+    protocols = ["train", "closure"] if args.gen_known == "both" else [args.gen_known]
     rows = []
-    for s in range(args.seeds):
+    for s in range(args.seeds if seeds is None else seeds):
         seed = args.seed + s
         split = split_hierarchy(graph, args.train_fraction, 0.5, seed=seed)
         codes = torch.unique(torch.cat([split.closure[:, 0] * n + split.closure[:, 1],
@@ -173,19 +197,28 @@ def run_generalisation(name, graph, dim, args, epochs, negatives, log) -> list[d
         gen = torch.Generator().manual_seed(10_000 + seed)
         val_pairs, val_labels = eval_pairs(split.val, n, 10, codes, gen)
         test_pairs, test_labels = eval_pairs(split.test, n, 10, codes, gen)
-        for method in args.methods:
+        for known, method in itertools.product(protocols, args.methods):
             t0 = time.perf_counter()
+            # negatives never drawn from: the training edges, or their transitive closure
+            # (computable from the training graph; it holds every held-out pair here,
+            # because the training edges contain the transitive reduction)
+            known_edges = None if known == "train" else \
+                edge_index(graph, transitive_closure(graph.edge_subgraph(
+                    [(split.nodes[c], split.nodes[p]) for c, p in split.train.tolist()])).edges)
             model, health = train_phased(graph, dim, method, args, epochs, negatives, seed, hp,
-                                         train_edges=split.train)
+                                         train_edges=split.train, world_size=world_size,
+                                         known_edges=known_edges)
             val = evaluate(model, val_pairs, val_labels)
             test = evaluate(model, test_pairs, test_labels, val.threshold)
-            rows.append(dict(setting=f"generalisation/{name}", dim=dim, method=method, seed=seed,
+            setting = f"generalisation/{name}" + ("" if known == "train" else " (closure-filtered)")
+            rows.append(dict(setting=setting, dim=dim, method=method, seed=seed,
                              f1=test.f1, precision=test.precision, recall=test.recall,
                              val_f1=val.f1, **{**health, "f1_curve": []},
                              seconds=time.perf_counter() - t0))
-            log(f"[{name} generalisation] d={dim} {method:6s} seed={seed}: test F1={test.f1:.4f}"
-                f" (val F1={val.f1:.4f}) train edges={split.train.shape[0]} stalled="
-                f"{rows[-1]['stalled']:.3f} {rows[-1]['seconds']:.0f}s")
+            log(f"[{name} generalisation, negatives not in {known}] d={dim} {method:6s} "
+                f"seed={seed}: test F1={test.f1:.4f} (val F1={val.f1:.4f}) train edges="
+                f"{split.train.shape[0]} stalled={rows[-1]['stalled']:.3f} "
+                f"{rows[-1]['seconds']:.0f}s")
     return rows
 
 
@@ -307,17 +340,22 @@ def main(argv=None) -> None:
     if have_wn:
         wn_epochs = args.wordnet_epochs or epochs
         wn_neg = args.wordnet_negatives or negatives
-        mammal = wordnet_noun_hierarchy(root="mammal.n.01")
-        log(f"WordNet mammal: {mammal.number_of_nodes()} synsets, "
-            f"{transitive_closure(mammal).number_of_edges()} closure edges")
-        rows += run_reconstruction("mammal", mammal, [args.wordnet_dim], args, wn_epochs,
-                                   wn_neg, log)
-        rows += run_generalisation("mammal", mammal, args.wordnet_dim, args, wn_epochs, wn_neg,
-                                   log)
+        if not args.no_mammal:
+            mammal = wordnet_noun_hierarchy(root="mammal.n.01")
+            log(f"WordNet mammal: {mammal.number_of_nodes()} synsets, "
+                f"{transitive_closure(mammal).number_of_edges()} closure edges")
+            rows += run_reconstruction("mammal", mammal, [args.wordnet_dim], args, wn_epochs,
+                                       wn_neg, log)
+            log(f"setting 2: train fraction {args.train_fraction}, {args.gen_negatives} "
+                f"negatives, beta={args.gen_beta}, volume_beta={args.gen_volume_beta}, "
+                f"T={args.gen_temperature}")
+            rows += run_generalisation("mammal", mammal, args.wordnet_dim, args, wn_epochs,
+                                       args.gen_negatives, log)
         if args.full_wordnet:
             nouns = wordnet_noun_hierarchy()
             rows += run_generalisation("nouns", nouns, args.wordnet_dim, args, wn_epochs,
-                                       wn_neg, log)
+                                       args.gen_negatives, log, world_size=args.world_size,
+                                       seeds=args.full_seeds)
     elif not args.quick and not args.no_wordnet:
         log(f"WordNet not found in {wordnet_dir()}: skipping the mammal settings")
     plot_curves(rows, os.path.join(args.out, "f1_curves.png"),

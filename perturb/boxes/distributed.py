@@ -85,6 +85,8 @@ def _worker(rank: int, world_size: int, cfg: dict, out_path: str) -> None:
             device = torch.device("cuda", rank % torch.cuda.device_count())
         model = BoxHierarchyModel(**cfg["model_kwargs"], generator=torch.Generator().manual_seed(
             cfg["seed"]), device=device)
+        if cfg["init_state"] is not None:
+            model.load_state_dict(cfg["init_state"])
         scorer = _Scorer(model)
         ddp = nn.parallel.DistributedDataParallel(
             scorer, device_ids=None if model.embedding.param1.device.type == "cpu"
@@ -133,7 +135,8 @@ def train_hierarchy_distributed(graph: nx.DiGraph, dim: int, method: str = "gumb
                                 init: float | Sequence[float] = (0.1, 0.5), seed: int = 0,
                                 device: str | None = None, dtype: torch.dtype = torch.float32,
                                 grad_tol: float = 1e-12, accuracy_threshold: float = 0.5,
-                                threads_per_process: int = 1) -> TrainResult:
+                                threads_per_process: int = 1,
+                                model: BoxHierarchyModel | None = None) -> TrainResult:
     """:func:`~perturb.boxes.hierarchy.train_hierarchy` on ``world_size`` DDP processes.
 
     Arguments shared with ``train_hierarchy`` mean the same; ``batch_size`` is per process (a
@@ -147,6 +150,8 @@ def train_hierarchy_distributed(graph: nx.DiGraph, dim: int, method: str = "gumb
         master_addr, master_port: the rendezvous address; default port: a free one
             (:func:`free_port`).
         threads_per_process: ``torch.set_num_threads`` in each worker.
+        model: continue training this model (its boxes and box model; ``method``, ``beta``...
+            and ``init`` are then ignored), e.g. for a learning-rate schedule in phases.
 
     Returns:
         :class:`~perturb.boxes.hierarchy.TrainResult`: the model (on CPU, holding rank 0's
@@ -169,11 +174,21 @@ def train_hierarchy_distributed(graph: nx.DiGraph, dim: int, method: str = "gumb
         backend = "nccl" if device is not None and torch.device(device).type == "cuda" \
             else "gloo"
     check_choice(backend, ("gloo", "nccl", "mpi"), "backend")
+    init_state = None
+    if model is not None:
+        if model.num_nodes != n or model.dim != dim:
+            raise ValueError(f"model has {model.num_nodes} boxes of dim {model.dim}, the graph "
+                             f"needs {n} of dim {dim}")
+        method, beta, volume_beta = model.method, model.beta, model.volume_beta
+        temperature, parameterisation = model.temperature, model.embedding.parameterisation
+        dtype = model.embedding.param1.dtype
+        init_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     model_kwargs = dict(num_nodes=n, dim=dim, method=method, beta=beta, volume_beta=volume_beta,
                         temperature=temperature, nodes=list(graph.nodes),
                         parameterisation=parameterisation, init=init, dtype=dtype)
     BoxHierarchyModel(**model_kwargs)              # validate the model arguments here
-    cfg = dict(model_kwargs=model_kwargs, seed=int(seed), device=device, backend=backend,
+    cfg = dict(model_kwargs=model_kwargs, init_state=init_state, seed=int(seed),
+               device=device, backend=backend,
                master_addr=master_addr,
                master_port=master_port if master_port is not None else free_port(master_addr),
                pos=pos, known_codes=_known_codes(pos, known_edges, n),

@@ -38,6 +38,14 @@ def test_two_processes_match_single_process_full_batch():
     assert len(h.loss) == len(h.volume_quantiles) == len(h.containment_accuracy) == 4
     assert h.loss[-1] < h.loss[0]
     assert all(0.0 <= z <= 1.0 for z in h.zero_grad_fraction)
+    assert len(h.epoch_stalled_fraction) == len(h.epoch_violated_fraction) == 4
+    # a second phase (lower lr) continuing from the trained model: still equal
+    more = train_hierarchy_distributed(g, 2, world_size=2, batch_size=17, model=dist_res.model,
+                                       **{**kw, "lr": 0.01, "epochs": 2})
+    single2 = train_hierarchy(g, 2, batch_size=34, progress=False, model=single.model,
+                              **{**kw, "lr": 0.01, "epochs": 2})
+    for name, p in single2.model.state_dict().items():
+        torch.testing.assert_close(more.model.state_dict()[name], p, rtol=1e-9, atol=1e-10)
 
 
 def test_bad_arguments():
