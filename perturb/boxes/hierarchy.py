@@ -409,18 +409,23 @@ def _pair_loss(log_p: torch.Tensor, log1m_p: torch.Tensor, n_pos: int, method: s
 
 
 def _stalled_pairs(model: BoxHierarchyModel, pairs: torch.Tensor, log_p: torch.Tensor,
-                   n_pos: int, grad_tol: float) -> tuple[int, int]:
+                   n_pos: int, grad_tol: float, max_pairs: int = 4096) -> tuple[float, int]:
     """``(stalled, violated)``: the pairs of a step that the loss still penalises (positives
     with p < 1/2, negatives with p > 1/2) and, among them, those whose own loss term has a zero
     gradient (``|g| <= grad_tol`` for every corner coordinate of both boxes). A stalled pair is
     the local non-identifiability of Dasgupta et al.: wrong, and nothing moves it (hard boxes
-    that are disjoint, or nested, have such pairs; Gumbel boxes have none)."""
+    that are disjoint, or nested, have such pairs; Gumbel boxes have none). The gradients come
+    from one extra backward pass over at most ``max_pairs`` violated pairs (an evenly spaced
+    sample when there are more; ``stalled`` is then scaled up to all of them)."""
     positive = torch.arange(log_p.shape[0], device=log_p.device) < n_pos
     half = -math.log(2.0)
     violated = torch.where(positive, log_p.detach() < half, log_p.detach() > half)
     idx = violated.nonzero().flatten()
-    if idx.numel() == 0:
-        return 0, 0
+    n_violated = idx.numel()
+    if n_violated == 0:
+        return 0.0, 0
+    if n_violated > max_pairs:     # an evenly spaced sample (no randomness: training unchanged)
+        idx = idx[torch.linspace(0, n_violated - 1, max_pairs, device=idx.device).long()]
     with torch.enable_grad():
         child, parent = model(pairs[idx, 0]), model(pairs[idx, 1])
         corners = [t.detach().requires_grad_() for t in
@@ -435,7 +440,7 @@ def _stalled_pairs(model: BoxHierarchyModel, pairs: torch.Tensor, log_p: torch.T
     for g in grads:
         if g is not None:
             size = torch.maximum(size, g.abs().amax(dim=-1))
-    return int((size <= grad_tol).sum()), int(idx.numel())
+    return float((size <= grad_tol).sum()) * n_violated / idx.numel(), n_violated
 
 
 def _pair_codes(pairs: torch.Tensor, n: int) -> torch.Tensor:

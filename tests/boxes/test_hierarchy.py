@@ -193,6 +193,8 @@ def test_stalled_pairs_counts_nested_hard_negative():
         pairs = torch.tensor([[0, 1]])
         lp = m.log_containment(pairs[:, 0], pairs[:, 1])
         assert _stalled_pairs(m, pairs, lp, 0, 1e-12) == (stalled, 1)   # as a negative
+        assert _stalled_pairs(m, pairs.repeat(9, 1), lp.repeat(9), 0, 1e-12, max_pairs=4) \
+            == (9 * stalled, 9)                                       # sampled, scaled
         assert _stalled_pairs(m, pairs, lp, 1, 1e-12) == (0, 0)         # as a positive
 
 
