@@ -300,8 +300,8 @@ def plot_boxes_2d(args, path: str) -> None:
     ax.set_xlim(float(lo[:, 0].min()) - pad, float(hi[:, 0].max()) + pad)
     ax.set_ylim(float(lo[:, 1].min()) - pad, float(hi[:, 1].max()) + pad)
     ax.set_title(f"Gumbel boxes (β={args.beta}, volume β={args.volume_beta}) of a 15-node "
-                 f"binary tree, F1={f1:.3f}\n"
-                 "colour = depth; node i's parent is (i-1)//2", fontsize=9)
+                 f"binary tree\nF1={f1:.3f}; colour = depth; node i's parent is (i-1)//2",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
