@@ -140,25 +140,20 @@ class _LogK0Exp(torch.autograd.Function):
 
 
 def _log_neg_g_prime(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """h(u) = log(−g'(u)) = log(z·K1(z)/K0(z)), z = e^u (the log slope of g, for
-    :func:`_log_gumbel_side_slope`); h'(u) = z·(r − 1/r), r = K1(z)/K0(z), from
-    K0' = −K1 and K1' = −K0 − K1/z (1 − 1/(2z) for z > 1e6, where r − 1/r cancels). For u < −20, −g' = 1/t with t = log 2 − u − γ, so h = −log t
-    and h' = 1/t; beyond u_max h continues constant, as g continues linearly."""
-    um = _u_max(u.dtype)
-    uc = u.clamp(_SMALL_U, um)
-    z = torch.exp(uc)
-    r = torch.special.scaled_modified_bessel_k1(z) / torch.special.scaled_modified_bessel_k0(z)
-    # z·(r − 1/r) cancels for large z; there K1/K0 = 1 + 1/(2z) − 1/(8z²) + O(z⁻³) gives
-    # z·(r − 1/r) = 1 − 1/(2z) + O(z⁻²)
-    value = uc + torch.log(r)
-    slope = torch.where(z > 1e6, 1.0 - 0.5 / z, z * (r - 1.0 / r))
-    if u.numel() and _any(u.amax() > um):
-        slope = torch.where(u > um, torch.zeros_like(slope), slope)
+    """h(u) = log q, q = −g'(u) = z·K1(z)/K0(z), z = e^u (the log slope of g, for
+    :func:`_log_gumbel_side_slope`), and h'(u) = q − z²/q = z·(r − 1/r), r = K1/K0, from
+    K0' = −K1 and K1' = −K0 − K1/z. q comes from :func:`_log_k0_exp_grad` with its regimes:
+    for u < −20, q = 1/t (t = log 2 − u − γ), so h = −log t and h' = 1/t = q; beyond u_max q is
+    constant, so h' = 0. For z > 1e6, where r − 1/r cancels, h' = 1 − 1/(2z) + O(z⁻²) (from
+    K1/K0 = 1 + 1/(2z) − 1/(8z²) + O(z⁻³))."""
+    q = _log_k0_exp_grad(u).neg_()
+    z = torch.exp(u.clamp(_SMALL_U, _u_max(u.dtype)))
+    slope = torch.where(z > 1e6, 1.0 - 0.5 / z, q - z * (z / q))
+    if u.numel() and _any(u.amax() > _u_max(u.dtype)):
+        slope = torch.where(u > _u_max(u.dtype), torch.zeros_like(slope), slope)
     if u.numel() and _any(u.amin() < _SMALL_U):
-        t = (_LOG2 - EULER_GAMMA) - u.clamp(max=_SMALL_U)
-        value = torch.where(u < _SMALL_U, -torch.log(t), value)
-        slope = torch.where(u < _SMALL_U, 1.0 / t, slope)
-    return value, slope
+        slope = torch.where(u < _SMALL_U, q, slope)
+    return torch.log(q), slope
 
 
 class _LogNegGPrime(torch.autograd.Function):
