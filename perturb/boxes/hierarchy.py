@@ -53,7 +53,7 @@ from perturb.boxes.box import Box
 from perturb.boxes.datasets import check_hierarchy, transitive_closure
 from perturb.boxes.embedding import BoxEmbedding
 from perturb.boxes.intersection import _log1m_containment, intersection, log_containment_prob
-from perturb.boxes.losses import _is_member
+from perturb.boxes.losses import _is_member, _negative_nll
 from perturb.boxes.volume import volume
 
 __all__ = [
@@ -392,9 +392,7 @@ def _pair_terms(log_p: torch.Tensor, log1m_p: torch.Tensor, positive: torch.Tens
     if method == "hard":
         log_p = log_p.clamp(min=_HARD_LOG_FLOOR)        # p = 0: finite loss, zero gradient
     # p = 1 exactly (hard or soft boxes nested): the finite loss −log(eps), zero gradient
-    floor = math.log(torch.finfo(log_p.dtype).eps)
-    return torch.where(positive, -log_p,
-                       -torch.where(torch.isneginf(log1m_p), floor, log1m_p))
+    return torch.where(positive, -log_p, _negative_nll(log1m_p))
 
 
 def _pair_loss(log_p: torch.Tensor, log1m_p: torch.Tensor, n_pos: int, method: str,

@@ -31,6 +31,13 @@ __all__ = ["containment_loss", "overlap_loss", "volume_regularizer", "sample_neg
 _REDUCTIONS = ("mean", "sum", "none")
 
 
+def _negative_nll(log1m_p: torch.Tensor) -> torch.Tensor:
+    """−log(1 − p) from an accurate log(1 − p): finite everywhere, p = 1 exactly (−inf) gets
+    the finite loss −log(eps) with zero gradient."""
+    floor = math.log(torch.finfo(log1m_p.dtype).eps)
+    return -torch.where(torch.isneginf(log1m_p), floor, log1m_p)
+
+
 def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
     check_choice(reduction, _REDUCTIONS, "reduction")
     if reduction == "mean":
@@ -73,13 +80,11 @@ def _binary_loss(log_p: torch.Tensor, target: torch.Tensor | float | None, negat
     if t is None:
         return _reduce(pos, reduction)
     if negatives == "nll":
-        # Clamp so that p == 1 in floating point gives a large finite loss, not inf.
-        tiny = torch.finfo(log_p.dtype).eps
         if log1m_p is None:
-            neg = -log1mexp(log_p.clamp(max=-tiny))
-        else:       # accurate and finite; -inf only if P is exactly 1
-            log1m = log1m_p()
-            neg = -torch.where(torch.isneginf(log1m), math.log(tiny), log1m)
+            # Clamp so that p == 1 in floating point gives a large finite loss, not inf.
+            neg = -log1mexp(log_p.clamp(max=-torch.finfo(log_p.dtype).eps))
+        else:
+            neg = _negative_nll(log1m_p())
     else:
         neg = torch.relu(torch.exp(log_p) - margin)
     # Select rather than multiply, so a -inf log p on an unused side cannot give 0·inf = NaN.
