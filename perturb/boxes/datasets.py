@@ -276,7 +276,7 @@ def wordnet_noun_hierarchy(path: str | os.PathLike | None = None, *,
         tops = [u for u in g if g.out_degree(u) == 0 and g.in_degree(u) > 0
                 and not synsets[g.nodes[u]["offset"]].instance_hypernyms]
         keep = set(tops).union(*(nx.ancestors(g, t) for t in tops))
-        g = g.subgraph(keep).copy()
+        g = _induced_subgraph(g, keep)
     if root is not None:
         g = sub_hierarchy(g, root)
     if closure:
@@ -347,7 +347,17 @@ def sub_hierarchy(graph: nx.DiGraph, root: Hashable) -> nx.DiGraph:
     if root not in graph:
         raise ValueError(f"root={root!r} is not a node of the graph")
     keep = nx.ancestors(graph, root) | {root}
-    return graph.subgraph(keep).copy()
+    return _induced_subgraph(graph, keep)
+
+
+def _induced_subgraph(graph: nx.DiGraph, keep: set) -> nx.DiGraph:
+    """A copy of ``graph`` restricted to ``keep``, nodes and edges in ``graph``'s order
+    (``graph.subgraph(keep)`` iterates the set, whose order follows the hash seed for string
+    labels, and node order fixes which box each node gets)."""
+    out = nx.DiGraph(**graph.graph)
+    out.add_nodes_from((u, d) for u, d in graph.nodes(data=True) if u in keep)
+    out.add_edges_from((u, v, d) for u, v, d in graph.edges(data=True) if u in keep and v in keep)
+    return out
 
 
 # ----------------------------------------------------------------------------- synthetic

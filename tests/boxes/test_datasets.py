@@ -262,19 +262,23 @@ def test_split_hierarchy():
 _SPLIT_DIGEST = """
 import hashlib, sys
 import networkx as nx
-from perturb.boxes.datasets import random_dag, split_hierarchy, transitive_closure
+from perturb.boxes.datasets import (random_dag, split_hierarchy, sub_hierarchy,
+                                    transitive_closure)
 g = random_dag(60, 0.08, seed=1)
 g = nx.relabel_nodes(g, {u: f"node{u}" for u in g.nodes})     # str labels: hash-seeded sets
 sp = split_hierarchy(g, 0.25, 0.5, seed=3)
 parts = [t.numpy().tobytes() for t in (sp.train, sp.val, sp.test)]
 parts.append(repr(list(transitive_closure(g).edges)).encode())
+sub = sub_hierarchy(g, "node0")                                  # node order: graph order
+parts.append(repr((list(sub.nodes), list(sub.edges))).encode())
 print(hashlib.md5(b"".join(parts)).hexdigest())
 """
 
 
 def test_split_and_closure_reproduce_across_hash_seeds():
-    """Seeded splits of string-labelled graphs are the same in every process (edge order must
-    not follow set iteration order, which depends on PYTHONHASHSEED)."""
+    """Seeded splits and sub-hierarchies of string-labelled graphs are the same in every
+    process (node and edge order must not follow set iteration order, which depends on
+    PYTHONHASHSEED)."""
     import os
     import subprocess
     import sys
