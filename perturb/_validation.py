@@ -58,6 +58,15 @@ def check_tau(tau: float | torch.Tensor, name: str = "tau") -> None:
     check_positive(tau, name)
 
 
+def broadcasts_to(shape: torch.Size | tuple[int, ...], target: torch.Size | tuple[int, ...]
+                  ) -> bool:
+    """Whether ``shape`` broadcasts to exactly ``target`` (without enlarging it)."""
+    try:
+        return torch.broadcast_shapes(shape, target) == torch.Size(target)
+    except RuntimeError:
+        return False
+
+
 def scale_by_tau(w: torch.Tensor, tau: float | torch.Tensor, event_dim: int) -> torch.Tensor:
     """w / τ, where a tensor τ holds one temperature per problem: it broadcasts against the
     batch dims ``(*batch)`` of ``w`` (shape ``(*batch, *event)`` with ``event_dim`` event dims).
@@ -70,11 +79,7 @@ def scale_by_tau(w: torch.Tensor, tau: float | torch.Tensor, event_dim: int) -> 
         if t.ndim == 0:
             return w / t
         t = t.reshape(*t.shape, *([1] * event_dim))
-        try:
-            ok = torch.broadcast_shapes(t.shape, w.shape) == w.shape
-        except RuntimeError:
-            ok = False
-        if not ok:
+        if not broadcasts_to(t.shape, w.shape):
             raise ValueError(f"tau of shape {tuple(tau.shape)} must broadcast against the batch "
                              f"shape {tuple(w.shape[:w.ndim - event_dim])} of the scores "
                              f"(shape {tuple(w.shape)})")

@@ -56,7 +56,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from perturb import _validation
-from perturb._validation import check_choice, check_int, check_scores, scale_by_tau
+from perturb._validation import broadcasts_to, check_choice, check_int, check_scores, scale_by_tau
 from perturb.structured._tree_elimination import (
     elimination_marginals,
     elimination_marginals_vjp,
@@ -109,11 +109,7 @@ def _check_tree_scores(w: torch.Tensor, mask: torch.Tensor | None, name: str = "
                                          if isinstance(mask, torch.Tensor) else "")
             raise ValueError(f"mask must be a boolean tensor broadcastable to {tuple(w.shape)}, "
                              f"got {got}")
-        try:
-            ok = torch.broadcast_shapes(mask.shape, w.shape) == w.shape
-        except RuntimeError:
-            ok = False
-        if not ok:
+        if not broadcasts_to(mask.shape, w.shape):
             raise ValueError(f"mask of shape {tuple(mask.shape)} must broadcast to the scores' "
                              f"shape {tuple(w.shape)}")
 
