@@ -33,6 +33,17 @@ near-null directions of a plan that is almost a permutation, whose contribution 
 multiplied by the vanishing entries of P). The gauge of (∂L/∂a, ∂L/∂b) is fixed by Σx = Σy: the
 projection onto the tangent space {Σ da = Σ db} of the feasible marginals. Cost O(n m min(n, m))
 per problem, memory O(n m), independent of the number of iterations.
+
+Which fixed point. The iterations stop with exact columns and rows within ``tol``: the returned
+P = exp(W/τ + u1ᵀ + 1vᵀ) is then the *exact* entropic plan for the marginals (a', b) with
+a' = P1, not for (a, b). The backward therefore builds H (and S) from a' = P1 and b' = Pᵀ1, the
+marginals of the iterate itself, and returns the exact derivative of the returned plan along
+the family of problems it solves (a' − a is O(tol), so the gradient differs from the one at the
+unreachable exact fixed point by O(tol / λ₂(S))). Building H from the target a instead is
+inconsistent: then S1 = −Pᵀ((a' − a)/a) ≠ 0, the gauge direction is no longer a null vector, the
+right-hand side is no longer orthogonal to it, and the solve divides an O(tol) component by an
+O(tol) eigenvalue: gradients 66% off (and dL/dτ of the wrong sign) at tol = 1e-6 in float64
+with no warning. Tests compare default-setting gradients with converged ones.
 """
 from __future__ import annotations
 
@@ -150,23 +161,34 @@ def _solve_psd(S: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     return torch.linalg.lstsq(S, rhs.unsqueeze(-1)).solution.squeeze(-1)
 
 
-def sinkhorn_vjp(plan: torch.Tensor, grad_plan: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+def sinkhorn_vjp(plan: torch.Tensor, grad_plan: torch.Tensor,
                  row_valid: torch.Tensor | None = None,
                  col_valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor,
                                                                  torch.Tensor]:
     """The implicit vector–Jacobian product at a Sinkhorn fixed point (see the module docstring).
 
     Returns ``(τ ∂L/∂W, ∂L/∂a, ∂L/∂b)`` for upstream ``grad_plan`` = ∂L/∂P: the first is
-    ``P ⊙ (G − x 1ᵀ − 1 yᵀ)``, to be divided by τ by the caller. Pure function (tests call it).
+    ``P ⊙ (G − x 1ᵀ − 1 yᵀ)``, to be divided by τ by the caller. The marginals are those of
+    ``plan`` itself (P1, Pᵀ1; see "Which fixed point" in the module docstring), so no target
+    marginals are passed. Pure function (tests call it).
 
-    Shape: ``plan``/``grad_plan`` ``(*batch, n, m)``; ``a`` ``(*batch, n)``; ``b`` ``(*batch, m)``.
+    Shape: ``plan``/``grad_plan`` ``(*batch, n, m)``; validity masks ``(*batch, n)``,
+    ``(*batch, m)``.
     """
     n, m = plan.shape[-2:]
     gp = grad_plan * plan
     alpha = gp.sum(-1)
     beta = gp.sum(-2)
-    a_s = a if row_valid is None else torch.where(row_valid, a, 1.0)
-    b_s = b if col_valid is None else torch.where(col_valid, b, 1.0)
+    # The system is built on the plan's own marginals, not on the targets a, b: the returned
+    # iterate is the exact solution for (P1, Pᵀ1), so H keeps its exact null vector (1, −1) and
+    # the right-hand side stays orthogonal to it. With the targets, S1 = −Pᵀ((P1 − a)/a) is
+    # O(tol) instead of 0 and the solve divides by that: 66% gradient errors at tol 1e-6.
+    a_s = plan.sum(-1)
+    b_s = plan.sum(-2)
+    if row_valid is not None:
+        a_s = torch.where(row_valid, a_s, 1.0)
+    if col_valid is not None:
+        b_s = torch.where(col_valid, b_s, 1.0)
     if m <= n:  # Schur complement on the columns
         pa = plan / a_s.unsqueeze(-1)
         S = torch.diag_embed(b_s) - plan.transpose(-1, -2) @ pa
@@ -215,18 +237,18 @@ class _SinkhornImplicit(torch.autograd.Function):
         plan, error, iters, tol = output
         ctx.mark_non_differentiable(error, iters, tol)
         ctx.has_rv, ctx.has_cv = row_valid is not None, col_valid is not None
-        ctx.save_for_backward(plan, w, tau, a, b,
+        ctx.save_for_backward(plan, w, tau,
                               row_valid if row_valid is not None else None,
                               col_valid if col_valid is not None else None)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_plan, _grad_error, _grad_iters, _grad_tol):
-        plan, w, tau, a, b, row_valid, col_valid = ctx.saved_tensors
+        plan, w, tau, row_valid, col_valid = ctx.saved_tensors
         need_w, need_tau, need_a, need_b = ctx.needs_input_grad[:4]
         if not (need_w or need_tau or need_a or need_b):
             return (None,) * 9
-        gw_tau, ga, gb = sinkhorn_vjp(plan, grad_plan, a, b, row_valid, col_valid)
+        gw_tau, ga, gb = sinkhorn_vjp(plan, grad_plan, row_valid, col_valid)
         grad_w = gw_tau / tau
         grad_tau = None
         if need_tau:

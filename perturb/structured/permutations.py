@@ -365,10 +365,11 @@ def _warn_if_inaccurate(error: torch.Tensor, tol_used: torch.Tensor, tol: float,
     if not bool((error <= tol_used).all()):
         warnings.warn(
             f"sinkhorn did not converge: marginal error {float(error.max()):.3g} > tol={tol:g} "
-            f"after n_iters={n_iters} iterations (tau={float(tau.min()):g}); increase n_iters "
-            f"(the iterations needed grow like 1/tau), use a larger tau, or loosen tol. The "
-            f"'implicit' backward assumes a converged fixed point: for deliberately short runs "
-            f"use backward='unroll'",
+            f"after n_iters={n_iters} iterations (tau={float(tau.detach().min()):g}); increase "
+            f"n_iters (the iterations needed grow like 1/tau), use a larger tau, or loosen tol. "
+            f"The 'implicit' backward differentiates the returned plan as the solution for its "
+            f"own row sums, which are off by that error: for deliberately short runs use "
+            f"backward='unroll'",
             SinkhornConvergenceWarning, stacklevel=3)
     elif bool((tol_used > max(tol, 1e-4) * a.amax(-1).clamp_min(1e-30)).any()):
         warnings.warn(
