@@ -34,6 +34,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from perturb._validation import (
+    broadcasts_to,
     check_choice,
     check_int,
     check_scores,
@@ -200,22 +201,24 @@ def _check_marginal(x: torch.Tensor, name: str, size: int, batch: torch.Size,
 
 
 def _prepare_tau(tau: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """τ as a ``(*batch, 1, 1)`` tensor on the scores' device and dtype. A tensor τ holds one
+    temperature per problem and must broadcast to the batch shape without enlarging it (the rule
+    of :func:`perturb._validation.scale_by_tau`)."""
     check_tau(tau)
     batch = like.shape[:-2]
     if isinstance(tau, torch.Tensor):
-        t = tau.to(like.dtype)
-        try:
-            torch.broadcast_shapes(t.shape, batch)
-        except RuntimeError:
-            raise ValueError(f"tau must be a number or a tensor broadcastable to the batch shape "
-                             f"{tuple(batch)}, got shape {tuple(tau.shape)}") from None
-        return t.unsqueeze(-1).unsqueeze(-1)
+        if not broadcasts_to(tau.shape, batch):
+            raise ValueError(f"tau of shape {tuple(tau.shape)} must broadcast against the batch "
+                             f"shape {tuple(batch)} of the scores (shape {tuple(like.shape)})")
+        t = tau.to(dtype=like.dtype, device=like.device)
+        return t.reshape(*t.shape, 1, 1)
     return torch.tensor(float(tau), dtype=like.dtype, device=like.device)
 
 
 def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: int = 100,
              tol: float = 1e-6, backward: str = "implicit", a: torch.Tensor | None = None,
-             b: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+             b: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
+             accelerate: bool = True, eps_scaling: bool = False) -> torch.Tensor:
     r"""Entropic projection onto the Birkhoff polytope (or a transport polytope), in log space.
 
     Solves
@@ -228,10 +231,13 @@ def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: 
     with W = ``log_alpha``, so P = exp((W + f1ᵀ + 1gᵀ)/τ) for the dual potentials f, g. Without
     ``a``/``b`` the plan is doubly stochastic (a = b = 1). With them it is POT's entropic
     transport plan ``ot.sinkhorn(a, b, M=-W, reg=tau, method="sinkhorn_log")``. Iterations
-    alternate exact column and row normalisations in log space (log-sum-exp), so scores of ±1e4
-    and τ = 1e-3 stay finite. Every 10 iterations the row error max_i |(P1)_i − a_i| is read off
-    the row update at no extra cost; the loop stops when it is ≤ ``tol`` in every problem (the
-    columns are then exact). If ``n_iters`` runs out first a :class:`SinkhornConvergenceWarning`
+    alternate exact column and row normalisations: in log space (log-sum-exp) from a cold start
+    or at extreme scales, otherwise on the absorbed kernel K = exp(W/τ + u + v) with two batched
+    matrix–vector products per iteration (4 dispatched ops, 2 reads of K); a block that would
+    leave the floating range is redone in log space, so scores of ±1e4 and τ = 1e-3 stay
+    finite. At checks between blocks (the only host syncs; their spacing adapts to the observed
+    rate) the row error max_i |(P1)_i − a_i| is read off the row update at no extra cost; the
+    loop stops when it is ≤ ``tol`` in every problem (the columns are then exact). If ``n_iters`` runs out first a :class:`SinkhornConvergenceWarning`
     is issued (the iterations needed grow roughly like 1/τ). A ``tol`` below the rounding
     floor 4 ε max|W/τ| (ε the dtype's epsilon, W centred by rows and columns; about 2e-5 in
     float32 at |W|/τ ≈ 40) is raised to it: no float32 plan is more accurate.
@@ -255,6 +261,12 @@ def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: 
         a: row marginals, positive. Required for rectangular plans (with ``b``).
         b: column marginals, positive, Σb = Σa.
         mask: boolean, True for entries that may carry mass.
+        accelerate: over-relax the updates with ω estimated from the observed rate and polish a
+            slow linear tail with Sinkhorn–Newton steps (default). The fixed point is unchanged;
+            ``False`` runs plain Sinkhorn (same result to ``tol``).
+        eps_scaling: solve at temperatures 2^s τ first (s from the spread of W/τ down to 0),
+            warm-starting each stage: fewer iterations at small τ (e.g. 747 instead of 1,427 at
+            τ = 0.05, 16 x 64 x 64), more at moderate τ, so off by default.
 
     Shape:
         log_alpha: ``(*batch, n, m)`` (m = n without marginals); a: ``(*batch, n)``;
@@ -350,11 +362,13 @@ def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: 
                                  f"{sb.flatten()[k].item():.6g}")
 
     if backward == "implicit":
-        plan, error, _, tol_used = _SinkhornImplicit.apply(w, tau_t, a_t, b_t, mask, row_valid,
-                                                           col_valid, n_iters, tol)
+        plan, error, _, tol_used = _SinkhornImplicit.apply(
+            w, tau_t, a_t, b_t, mask, row_valid, col_valid, n_iters, tol, accelerate,
+            eps_scaling)
     else:
         sol = sinkhorn_iterate(_masked_log_kernel(w, tau_t, mask), a_t, b_t, row_valid,
-                               col_valid, n_iters, tol)
+                               col_valid, n_iters, tol, accelerate=accelerate,
+                               eps_scaling=eps_scaling)
         plan, error, tol_used = sol.plan, sol.error, sol.tol
     _warn_if_inaccurate(error, tol_used, tol, n_iters, tau_t, a_t, w.dtype)
     return plan
