@@ -608,3 +608,19 @@ def test_tensor_tau_follows_the_batch_rule():
     for k in range(3):
         torch.testing.assert_close(P[k], sinkhorn(w[k], tau=float(taus[k]), tol=1e-10,
                                                   n_iters=5000), atol=1e-9, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("opts", [dict(), dict(accelerate=False), dict(eps_scaling=True)])
+def test_cuda_matches_cpu(opts):
+    w = _randn(4, 12, 12, seed=45)
+    up = _randn(4, 12, 12, seed=46)
+    tau = torch.tensor([0.2, 0.5, 1.0, 2.0], dtype=F64)
+    out = {}
+    for dev in ("cpu", "cuda"):
+        x = w.to(dev).requires_grad_()
+        P = sinkhorn(x, tau=tau.to(dev), n_iters=20000, tol=1e-12, **opts)
+        (gw,) = torch.autograd.grad((P * up.to(dev)).sum(), x)
+        out[dev] = (P.cpu(), gw.cpu())
+    torch.testing.assert_close(out["cuda"][0], out["cpu"][0], atol=1e-10, rtol=0)
+    torch.testing.assert_close(out["cuda"][1], out["cpu"][1], atol=1e-8, rtol=1e-7)
