@@ -612,7 +612,7 @@ def test_tensor_tau_follows_the_batch_rule():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
 @pytest.mark.parametrize("opts", [dict(), dict(accelerate=False), dict(eps_scaling=True)])
-def test_cuda_matches_cpu(opts):
+def test_cuda_engine_matches_cpu(opts):
     w = _randn(4, 12, 12, seed=45)
     up = _randn(4, 12, 12, seed=46)
     tau = torch.tensor([0.2, 0.5, 1.0, 2.0], dtype=F64)
