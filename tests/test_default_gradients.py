@@ -314,5 +314,9 @@ def test_relax_gradient_is_perturb_then_regularized_argmax(name, data):
                 y = regularized_argmax(u, structure, None, t)
                 value = perturb.argmax(u, structure) if hard else y.detach()
             out[path] = (value, *torch.autograd.grad((c * y).sum(), (th, t)))
+    # Equal up to rounding, not bit for bit: the batched Cholesky solves of Sinkhorn's Newton
+    # polish and implicit backward (MKL) can differ in the last ulp between two calls on
+    # identical inputs (measured ≤ 5e-15 relative). Different noise would differ by O(1).
     for got, want, what in zip(out["relax"], out["composed"], ("value", "dL/dtheta", "dL/dtau")):
-        assert torch.equal(got, want), f"{what}: max difference {(got - want).abs().max():.3g}"
+        err = float((got - want).abs().max())
+        assert err <= 1e-10 * float(want.abs().max()), f"{what}: max difference {err:.3g}"
