@@ -7,6 +7,14 @@ default. Switch them off in hot loops with :func:`set_validation`::
 
     with perturb.set_validation(False):
         ...
+
+Checks of tensor values never stall a CUDA device. On the CPU (and other non-CUDA devices) a
+bad value raises ``ValueError`` at once, naming the argument. On CUDA the same condition is
+reduced on the device and handed to ``torch._assert_async`` with a message naming the
+argument: the call returns without waiting, and a bad value surfaces as a device-side
+assertion (a ``RuntimeError`` "device-side assert triggered" at the next synchronisation, the
+message printed on stderr). As after any device-side assert, the CUDA context is unusable
+afterwards; to get a recoverable ``ValueError`` while debugging, run the call on CPU tensors.
 """
 from __future__ import annotations
 
@@ -37,12 +45,29 @@ def set_validation(enabled: bool) -> Iterator[None]:
         _VALIDATE = previous
 
 
+def _assert_on_device(ok: torch.Tensor, message: str) -> None:
+    """``torch._assert_async(ok, message)``: no host synchronisation (see the module docstring).
+
+    The message is cut to the 255 characters a CUDA device assert can carry.
+    """
+    torch._assert_async(ok, message[:250])
+
+
 def check_positive(value: float | torch.Tensor, name: str) -> None:
-    """Raise ValueError unless ``value`` (a number or tensor) is finite and > 0 everywhere."""
+    """Raise ValueError unless ``value`` (a number or tensor) is finite and > 0 everywhere.
+
+    A CUDA tensor is checked on the device, without a host synchronisation (module docstring).
+    """
     if isinstance(value, torch.Tensor):
         if value.is_complex() or not (value.is_floating_point() or value.dtype in
                                       (torch.int32, torch.int64)):
             raise ValueError(f"{name} must be a real number, got a tensor of dtype {value.dtype}")
+        if value.device.type == "cuda":
+            if value.numel():
+                with torch.no_grad():
+                    ok = (torch.isfinite(value) & (value > 0)).all()
+                _assert_on_device(ok, f"perturb: {name} must be finite and > 0 everywhere")
+            return
         bad = ~(torch.isfinite(value) & (value > 0))
         if bool(bad.any()):
             raise ValueError(f"{name} must be finite and > 0, got {value[bad].flatten()[0].item()!r}")
@@ -104,9 +129,63 @@ def check_dim(x: torch.Tensor, dim: int, name: str = "dim") -> int:
     return dim % x.ndim
 
 
+def check_score_shape(w: torch.Tensor, name: str = "w", *, min_ndim: int = 1,
+                      square: bool = False) -> None:
+    """The structural half of :func:`check_scores` (type, dtype, ndim, square); always runs."""
+    if not isinstance(w, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
+    if not w.is_floating_point():
+        raise ValueError(f"{name} must have a floating dtype (float32/float64), got {w.dtype}; "
+                         f"convert with {name}.float()")
+    if w.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dims, got shape {tuple(w.shape)}")
+    if square and w.shape[-1] != w.shape[-2]:
+        raise ValueError(f"{name} must be square in its last two dims (*batch, n, n), "
+                         f"got shape {tuple(w.shape)}")
+
+
+def check_finite(w: torch.Tensor, name: str = "w", *, allow_neg_inf: bool = False) -> None:
+    """The value half of :func:`check_scores`: no NaN, no ±inf (``-inf`` allowed on request).
+
+    Runs whatever the validation switch says (callers test :func:`validation_enabled`). One
+    reduction over ``w`` and no temporaries: with ``allow_neg_inf`` the maximum (NaN-propagating,
+    so it is < +inf exactly when there is neither NaN nor +inf), otherwise the sum (a finite sum
+    implies finite entries; the elementwise check runs only when the sum is not finite, to tell
+    overflow from bad values and NaN from inf in the message).
+
+    CPU and other non-CUDA devices: one host read of that scalar, ValueError naming ``name``.
+    CUDA: no host synchronisation; ``torch._assert_async`` (see the module docstring), on the
+    maximum with ``allow_neg_inf``, else on ``isfinite(w).all()`` (a sum could overflow, and a
+    device assert cannot be taken back).
+    """
+    if not w.numel():
+        return
+    with torch.no_grad():  # no autograd node for the reduction
+        if w.device.type == "cuda":
+            ok = (w.amax() < math.inf) if allow_neg_inf else torch.isfinite(w).all()
+            _assert_on_device(ok, f"perturb: {name} contains NaN or "
+                              + ("+inf values (-inf masks are allowed)" if allow_neg_inf
+                                 else "infinite values; scores must be finite"))
+            return
+        if allow_neg_inf:
+            if float(w.amax()) < math.inf:
+                return
+            bad = torch.isnan(w) | (w == math.inf)
+        else:
+            if math.isfinite(float(w.sum())):
+                return
+            bad = ~torch.isfinite(w)
+        if bool(bad.any()):
+            kind = "NaN" if bool(torch.isnan(w).any()) else "infinite"
+            raise ValueError(f"{name} contains {kind} values; scores must be finite"
+                             + (" (-inf is allowed to mask entries)" if allow_neg_inf else ""))
+
+
 def check_scores(w: torch.Tensor, name: str = "w", *, min_ndim: int = 1,
                  square: bool = False, allow_neg_inf: bool = False) -> None:
     """Check a score tensor: a floating tensor of at least ``min_ndim`` dims, finite values.
+
+    :func:`check_score_shape` always, then :func:`check_finite` while validation is enabled.
 
     Args:
         w: the scores.
@@ -118,30 +197,12 @@ def check_scores(w: torch.Tensor, name: str = "w", *, min_ndim: int = 1,
 
     Raises:
         ValueError: not a tensor, integer/complex dtype, too few dims, not square, NaN/inf values
-            (the value checks only while validation is enabled).
+            (the value checks only while validation is enabled; on CUDA they are raised
+            asynchronously as a device-side assertion, see the module docstring).
     """
-    if not isinstance(w, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
-    if not w.is_floating_point():
-        raise ValueError(f"{name} must have a floating dtype (float32/float64), got {w.dtype}; "
-                         f"convert with {name}.float()")
-    if w.ndim < min_ndim:
-        raise ValueError(f"{name} must have at least {min_ndim} dims, got shape {tuple(w.shape)}")
-    if square and w.shape[-1] != w.shape[-2]:
-        raise ValueError(f"{name} must be square in its last two dims (*batch, n, n), "
-                         f"got shape {tuple(w.shape)}")
-    # a finite sum implies finite entries (NaN and ±inf propagate): one cheap reduction, no
-    # temporaries (isfinite(w).all() costs ~30x more on large CPU tensors); the elementwise
-    # check runs only when the sum is not finite (bad values, -inf masks or overflow).
-    if _VALIDATE and w.numel() and not bool(torch.isfinite(w.detach().sum())):
-        if allow_neg_inf:
-            bad = torch.isnan(w) | (w == math.inf)
-        else:
-            bad = ~torch.isfinite(w)
-        if bool(bad.any()):
-            kind = "NaN" if bool(torch.isnan(w).any()) else "infinite"
-            raise ValueError(f"{name} contains {kind} values; scores must be finite"
-                             + (" (-inf is allowed to mask entries)" if allow_neg_inf else ""))
+    check_score_shape(w, name, min_ndim=min_ndim, square=square)
+    if _VALIDATE:
+        check_finite(w, name, allow_neg_inf=allow_neg_inf)
 
 
 def check_int(value: int, name: str, *, low: int | None = None, high: int | None = None) -> int:
