@@ -86,6 +86,12 @@ def _check_unit(u: object) -> torch.Tensor:
     return u
 
 
+def _check_generator(generator: object) -> None:
+    """ValueError unless ``generator`` is None or a ``torch.Generator``."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+
+
 def _sample_args(shape: object, generator: torch.Generator | None,
                  device: torch.device | str | None,
                  dtype: torch.dtype | None) -> tuple[torch.Size, torch.device | str | None,
@@ -103,11 +109,16 @@ def _sample_args(shape: object, generator: torch.Generator | None,
         dtype = torch.get_default_dtype()
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    _check_generator(generator)
     if device is None and generator is not None:
         device = generator.device
     return torch.Size(int(s) for s in dims), device, dtype
+
+
+def _default_device() -> torch.device:
+    """Where a factory function without ``device=`` allocates."""
+    get = getattr(torch, "get_default_device", None)  # torch >= 2.3
+    return get() if get is not None else torch.device("cpu")
 
 
 def _open_uniform(shape: torch.Size, generator: torch.Generator | None,
@@ -430,7 +441,11 @@ class Gumbel(_ScaleNoise):
     Mean ``βγ`` (γ the Euler–Mascheroni constant), variance ``π²β²/6``. Max-stable: the max of
     independent ``θ_i + ε_i`` is again Gumbel with location ``β·logsumexp(θ/β)``, which gives the
     closed forms ``expected_max = β·logsumexp(θ/β) + βγ`` and ``argmax_probs = softmax(θ/β)``
-    (the Gumbel-max trick). Sampling: ``−β·log(−log U)`` with ``U`` clamped into (0, 1).
+    (the Gumbel-max trick). Sampling: ``−β·log E`` with ``E ~ Exp(1)`` from one random draw
+    (:meth:`_exponential`): ``exponential_`` on CUDA (one kernel; it never returns 0 or inf),
+    ``E = −log U`` with ``U = torch.rand`` clamped into (0, 1) elsewhere (torch's CPU
+    ``exponential_`` is a serial loop, about 7× slower). Samples are finite. As for every torch
+    sampler, CPU and CUDA generators give different streams.
 
     Args:
         scale: ``β > 0``.
@@ -445,6 +460,41 @@ class Gumbel(_ScaleNoise):
     References:
         Gumbel (1954); Maddison, Tarlow, Minka, "A* Sampling" (2014), arXiv:1411.0030.
     """
+
+    def sample(self, shape: Sequence[int] | torch.Size | int, *,
+               generator: torch.Generator | None = None,
+               device: torch.device | str | None = None,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+        shape, device, dtype = _sample_args(shape, generator, device, dtype)
+        return self._log_exponential(shape, generator, device, dtype).neg_()
+
+    sample.__doc__ = Noise.sample.__doc__
+
+    @staticmethod
+    def _exponential(shape: torch.Size, generator: torch.Generator | None,
+                     device: torch.device | str | None, dtype: torch.dtype) -> torch.Tensor:
+        """The one random draw behind a sample: ``E ~ Exp(1)``, finite and > 0; unchecked args.
+
+        CUDA: ``exponential_`` (one kernel; its uniform lies in (0, 1] and log 1 is replaced by
+        −eps/2, so E > 0). Elsewhere: ``E = −log U``, ``U = torch.rand`` clamped to
+        ``[tiny, 1 − eps/2]`` (torch's CPU ``exponential_`` is a serial loop, ~7× slower).
+        """
+        dev = torch.device(device) if device is not None else _default_device()
+        if dev.type == "cuda":
+            return torch.empty(shape, device=dev, dtype=dtype).exponential_(generator=generator)
+        u = _open_uniform(shape, generator, dev, dtype)
+        return torch.xlogy(-1, u, out=u)  # -log U in one op
+
+    def _log_exponential(self, shape: torch.Size, generator: torch.Generator | None,
+                         device: torch.device | str | None, dtype: torch.dtype) -> torch.Tensor:
+        """``β·log E`` with ``E ~ Exp(1)``: minus a Gumbel(0, β) draw; arguments unchecked.
+
+        :meth:`sample` negates it in place, and :func:`perturb.relax.perturb` computes
+        ``θ − β·log E``, which is bitwise ``θ + sample(...)`` for the same generator state
+        (negation is exact) with one pass less. One buffer, updated in place.
+        """
+        e = self._exponential(shape, generator, device, dtype).log_()
+        return e if self.scale == 1 else e.mul_(self.scale)
 
     def _from_uniform(self, u: torch.Tensor) -> torch.Tensor:
         return -self.scale * torch.log(-torch.log(u))
@@ -483,7 +533,7 @@ class Normal(_ScaleNoise):
     Mean 0, variance ``σ²``. ``argmax_probs``/``expected_max`` by quadrature (no closed form for
     ``d > 2``; for ``d = 2``, ``P(argmax = 1) = Φ((θ₁ − θ₂)/(σ√2))``). ``log_cdf`` uses
     ``torch.special.log_ndtr`` and ``icdf`` ``torch.special.ndtri``; sampling uses
-    ``torch.randn``. Alias: :data:`Gaussian`.
+    ``torch.normal``. Alias: :data:`Gaussian`.
 
     Args:
         scale: ``σ > 0``.
@@ -503,7 +553,9 @@ class Normal(_ScaleNoise):
                device: torch.device | str | None = None,
                dtype: torch.dtype | None = None) -> torch.Tensor:
         shape, device, dtype = _sample_args(shape, generator, device, dtype)
-        return self.scale * torch.randn(shape, generator=generator, device=device, dtype=dtype)
+        # one op (normal_ scales in the same pass); the same draws as torch.randn for scale 1
+        return torch.normal(0.0, self.scale, shape, generator=generator, device=device,
+                            dtype=dtype)
 
     sample.__doc__ = Noise.sample.__doc__
 
