@@ -22,18 +22,41 @@ Functions here validate their arguments once at the boundary and dispatch the re
 argmax to the solver registered for (structure, regularizer) (:mod:`perturb.structures`).
 ``relax(θ, ...)`` is exactly ``regularized_argmax(perturb(θ, ...), ...)``: the same generator
 state gives the same noise in all of them.
+
+A solver may come with a fused implementation of the whole ``relax`` call (registered with
+:func:`_register_fused_relax`; the simplex softmax has a compiled one for CUDA,
+:mod:`perturb._fused`). It draws the same noise from the generator and is used only where it
+applies; it then agrees with the composition up to float rounding instead of bitwise.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
 from perturb._validation import check_choice, check_int, check_scores, check_tau
 from perturb.backward import finite_difference_solve, straight_through
-from perturb.noise import Gumbel, Noise
+from perturb.noise import Discrete, Gumbel, Logistic, Noise, Normal, Uniform, _check_generator
 from perturb.regularizers import Regularizer
-from perturb.structures import BACKWARD_MODES, Simplex, Structure, get_solver
+from perturb.structures import BACKWARD_MODES, Simplex, SolverEntry, Structure, get_solver
 
 __all__ = ["perturb", "argmax", "regularized_argmax", "relax"]
+
+# built-in noises whose samples are finite by construction: θ + ε needs no second value check
+_FINITE_NOISES = (Gumbel, Normal, Logistic, Uniform, Discrete)
+
+# solver -> fused relax(theta, noise, tau, hard, generator), returning None where it does not apply
+_FUSED_RELAX: dict[Callable, Callable] = {}
+
+
+def _register_fused_relax(solver: Callable, fused: Callable) -> None:
+    """Let ``relax`` call ``fused(theta, noise, tau, hard, generator)`` for ``solver``'s pairs.
+
+    ``fused`` returns the sample, or None when it does not apply (then the composition runs).
+    It must draw the noise as ``noise.sample`` does, so that the generator advances alike.
+    Registering another solver for a pair drops the fused path with the old solver.
+    """
+    _FUSED_RELAX[solver] = fused
 
 
 def _check_structure(structure: Structure) -> None:
@@ -64,13 +87,17 @@ def _perturb(theta: torch.Tensor, noise: Noise | None, n_samples: int | None,
              generator: torch.Generator | None) -> torch.Tensor:
     """:func:`perturb` without the pass over ``theta`` (for callers that validated it)."""
     noise = Gumbel() if noise is None else noise
-    if not hasattr(noise, "sample"):
-        raise ValueError(f"noise must provide sample(shape, generator=, device=, dtype=), "
-                         f"got {noise!r}")
     shape = theta.shape
     if n_samples is not None:
         check_int(n_samples, "n_samples", low=1)
         shape = torch.Size((n_samples, *shape))
+    if type(noise) is Gumbel:
+        # θ − β·log E is bitwise θ + Gumbel.sample(...) (same draws), without the negation pass
+        _check_generator(generator)
+        return theta - noise._log_exponential(shape, generator, theta.device, theta.dtype)
+    if not hasattr(noise, "sample"):
+        raise ValueError(f"noise must provide sample(shape, generator=, device=, dtype=), "
+                         f"got {noise!r}")
     eps = noise.sample(shape, generator=generator, device=theta.device, dtype=theta.dtype)
     return theta + eps
 
@@ -85,6 +112,41 @@ def argmax(w: torch.Tensor, structure: Structure | None = None) -> torch.Tensor:
     structure.validate(w)
     with torch.no_grad():
         return structure.argmax(w.detach())
+
+
+def _resolve(structure: Structure, regularizer: Regularizer | None,
+             backward: str) -> tuple[Regularizer, SolverEntry, str]:
+    """The regularizer (default filled in), the registered solver and the backward mode to run.
+
+    The mode is the solver's native one for ``"auto"``; ``"finite_difference"`` stays as asked
+    when the solver has no native finite differences (:func:`_solve` wraps it).
+    """
+    regularizer = structure.default_regularizer() if regularizer is None else regularizer
+    if not isinstance(regularizer, Regularizer):
+        raise ValueError(f"regularizer must be a perturb Regularizer, got {regularizer!r}")
+    check_choice(backward, BACKWARD_MODES, "backward")
+    entry = get_solver(structure, regularizer)
+    if backward == "auto":
+        return regularizer, entry, entry.backward[0]
+    if backward not in entry.backward and backward != "finite_difference":
+        supported = ("auto",) + entry.backward + tuple(
+            m for m in ("finite_difference",) if m not in entry.backward)
+        raise ValueError(f"backward={backward!r} is not supported for ({structure!r}, "
+                         f"{regularizer!r}); supported: {', '.join(map(repr, supported))}")
+    return regularizer, entry, backward
+
+
+def _solve(entry: SolverEntry, mode: str, w: torch.Tensor, structure: Structure,
+           regularizer: Regularizer, tau: float | torch.Tensor) -> torch.Tensor:
+    """Run a resolved solver on checked arguments."""
+    if mode == "finite_difference" and mode not in entry.backward:
+        native = entry.backward[0]
+
+        def solve(v: torch.Tensor) -> torch.Tensor:
+            return entry.solver(v, structure, regularizer, tau, native)
+
+        return finite_difference_solve(solve, w, event_dim=structure.event_dim)
+    return entry.solver(w, structure, regularizer, tau, mode)
 
 
 def regularized_argmax(w: torch.Tensor, structure: Structure | None = None,
@@ -108,27 +170,12 @@ def regularized_argmax(w: torch.Tensor, structure: Structure | None = None,
     """
     structure = Simplex() if structure is None else structure
     _check_structure(structure)
-    regularizer = structure.default_regularizer() if regularizer is None else regularizer
-    if not isinstance(regularizer, Regularizer):
+    if regularizer is not None and not isinstance(regularizer, Regularizer):
         raise ValueError(f"regularizer must be a perturb Regularizer, got {regularizer!r}")
     structure.validate(w)
     check_tau(tau)
-    check_choice(backward, BACKWARD_MODES, "backward")
-    entry = get_solver(structure, regularizer)
-    supported = ("auto",) + entry.backward + tuple(
-        m for m in ("finite_difference",) if m not in entry.backward)
-    if backward not in supported:
-        raise ValueError(f"backward={backward!r} is not supported for ({structure!r}, "
-                         f"{regularizer!r}); supported: {', '.join(map(repr, supported))}")
-    if backward == "finite_difference" and backward not in entry.backward:
-        native = entry.backward[0]
-
-        def solve(v: torch.Tensor) -> torch.Tensor:
-            return entry.solver(v, structure, regularizer, tau, native)
-
-        return finite_difference_solve(solve, w, event_dim=structure.event_dim)
-    mode = entry.backward[0] if backward == "auto" else backward
-    return entry.solver(w, structure, regularizer, tau, mode)
+    regularizer, entry, mode = _resolve(structure, regularizer, backward)
+    return _solve(entry, mode, w, structure, regularizer, tau)
 
 
 def relax(theta: torch.Tensor, structure: Structure | None = None, noise: Noise | None = None,
@@ -139,6 +186,12 @@ def relax(theta: torch.Tensor, structure: Structure | None = None, noise: Noise 
 
     With ``hard=True`` the forward value is the exact ``argmax`` of the same perturbed scores and
     the gradient is the relaxed one's (straight-through).
+
+    θ is validated once; the perturbed scores are checked again only for a user-defined noise
+    (the built-in ones are finite). On CUDA the value checks do not synchronise
+    (:mod:`perturb._validation`), and on the simplex with Gumbel or Gaussian noise and a float
+    τ a compiled fused kernel may run instead of the composition (:mod:`perturb._fused`: the
+    same noise, results equal up to float rounding).
 
     Args:
         theta: scores θ.
@@ -162,10 +215,30 @@ def relax(theta: torch.Tensor, structure: Structure | None = None, noise: Noise 
         raise ValueError(f"hard must be a bool, got {hard!r}")
     structure.validate(theta, "theta")
     check_tau(tau)
-    u = _perturb(theta, noise, n_samples, generator)  # theta was validated just above
-    soft = regularized_argmax(u, structure, regularizer, tau, backward)  # validates u
+    return _relax(theta, structure, noise, regularizer, tau, hard, n_samples, generator, backward)
+
+
+def _relax(theta: torch.Tensor, structure: Structure, noise: Noise | None,
+           regularizer: Regularizer | None, tau: float | torch.Tensor, hard: bool,
+           n_samples: int | None, generator: torch.Generator | None,
+           backward: str) -> torch.Tensor:
+    """:func:`relax` after the checks of ``theta``, ``tau`` and ``hard``."""
+    noise = Gumbel() if noise is None else noise
+    regularizer, entry, mode = _resolve(structure, regularizer, backward)
+    if n_samples is None and mode == entry.backward[0]:
+        fused = _FUSED_RELAX.get(entry.solver)
+        if fused is not None:
+            y = fused(theta, noise, tau, hard, generator)
+            if y is not None:
+                return y
+    u = _perturb(theta, noise, n_samples, generator)
+    if type(noise) not in _FINITE_NOISES:
+        structure.validate(u, "theta + noise")
+    soft = _solve(entry, mode, u, structure, regularizer, tau)
     if not hard:
         return soft
-    with torch.no_grad():  # u was validated by regularized_argmax
-        exact = structure.argmax(u.detach())
+    with torch.no_grad():
+        # Simplex.argmax is plain torch: no detach needed under no_grad (other structures may
+        # hand w to numpy, which refuses tensors that require grad)
+        exact = structure.argmax(u if type(structure) is Simplex else u.detach())
     return straight_through(exact, soft)
