@@ -17,7 +17,9 @@ negative entropy itself, so that pair is softmax too.
 Both solvers are registered with two backward modes: ``"analytic"`` (closed-form Jacobians,
 below) and ``"unroll"`` (plain autograd through the torch operations, a reference).
 
-- softmax: ∂y/∂z = diag(y) − y yᵀ, so the vector–Jacobian product is y ⊙ (g − ⟨g, y⟩);
+- softmax: ∂y/∂z = diag(y) − y yᵀ, so the vector–Jacobian product is y ⊙ (g − ⟨g, y⟩)
+  (ATen's own softmax backward computes exactly this, so ``"analytic"`` is ``torch.softmax``
+  and ``"unroll"`` differentiates exp/sum/div instead);
 - sparsemax: ∂p/∂z = diag(s) − s sᵀ/|S| with s the indicator of the support S = {i: p_i > 0},
   so the product is g_i − mean_{j∈S} g_j on S and 0 elsewhere.
 
@@ -38,7 +40,8 @@ from __future__ import annotations
 
 import torch
 
-from perturb import _validation
+from perturb import _fused, _validation
+from perturb._fused import set_compiled
 from perturb._validation import (
     check_dim,
     check_positive,
@@ -48,10 +51,12 @@ from perturb._validation import (
 )
 from perturb.noise import Gumbel, Normal
 from perturb.regularizers import Entropy, ExpFamilyEntropy, Regularizer, SquaredNorm
-from perturb.relax import regularized_argmax, relax
+from perturb.relax import _register_fused_relax, _relax, regularized_argmax
 from perturb.structures import Simplex, register_solver
 
-__all__ = ["softmax", "sparsemax", "gumbel_softmax", "gaussian_softmax"]
+__all__ = ["softmax", "sparsemax", "gumbel_softmax", "gaussian_softmax", "set_compiled"]
+
+_SIMPLEX, _ENTROPY = Simplex(), Entropy()
 
 
 # --------------------------------------------------------------------------------------------
@@ -74,34 +79,17 @@ def _check_logits(x: torch.Tensor, name: str) -> None:
 def _softmax_backward(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     """Vector–Jacobian product of y = softmax(z) over the last dim: y ⊙ (g − ⟨g, y⟩).
 
-    Evaluated by ATen's fused kernel for exactly this product (one pass instead of three
-    separate ops; it is what ``torch.softmax``'s own backward runs).
+    The Jacobian diag(y) − y yᵀ is the Hessian of log Σ_i e^{z_i}. Evaluated by ATen's fused
+    kernel for exactly this product, which is what ``torch.softmax``'s own backward runs: the
+    ``"analytic"`` mode therefore uses ``torch.softmax`` directly (no Python in the backward).
     """
     return torch.ops.aten._softmax_backward_data(grad.contiguous(), y, -1, y.dtype)
 
 
-class _Softmax(torch.autograd.Function):
-    r"""y = softmax(z) over the last dim; backward y ⊙ (g − ⟨g, y⟩) (:func:`_softmax_backward`).
-
-    The Jacobian diag(y) − y yᵀ is the Hessian of log Σ_i e^{z_i}.
-    """
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(z):
-        return torch.softmax(z, dim=-1)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(output)
-
-    @staticmethod
-    def backward(ctx, grad):
-        if not ctx.needs_input_grad[0]:
-            return None
-        (y,) = ctx.saved_tensors
-        return _softmax_backward(y, grad)
+def _softmax_unrolled(z: torch.Tensor) -> torch.Tensor:
+    """softmax(z) over the last dim from elementary ops (the ``"unroll"`` reference)."""
+    e = torch.exp(z - z.amax(dim=-1, keepdim=True).detach())  # the shift cancels exactly
+    return e / e.sum(dim=-1, keepdim=True)
 
 
 @register_solver(Simplex, Entropy, backward=("analytic", "unroll"),
@@ -110,13 +98,15 @@ def _solve_softmax(w: torch.Tensor, structure: Simplex, regularizer: Regularizer
                    tau: float | torch.Tensor, backward: str) -> torch.Tensor:
     z = scale_by_tau(w, tau, 1)
     if backward == "unroll":
-        return torch.softmax(z, dim=-1)
-    return _Softmax.apply(z)
+        return _softmax_unrolled(z)
+    return torch.softmax(z, dim=-1)  # backward: _softmax_backward, in ATen
 
 
 register_solver(Simplex, ExpFamilyEntropy, backward=("analytic", "unroll"),
                 description="softmax(w/τ) (A* of log Σ e^w is the negative entropy)")(
     _solve_softmax)
+# relax on the simplex with Gumbel/Normal noise: one compiled kernel each way on CUDA
+_register_fused_relax(_solve_softmax, _fused.relax_softmax)
 
 
 # --------------------------------------------------------------------------------------------
@@ -263,17 +253,20 @@ def sparsemax(x: torch.Tensor, dim: int = -1, tau: float | torch.Tensor = 1.0,
 
 def _stochastic_softmax(logits: torch.Tensor, noise, tau, hard: bool, dim: int,
                         generator: torch.Generator | None) -> torch.Tensor:
+    """relax(θ, Simplex(), noise, Entropy(), τ, hard) along ``dim``, with the checks run once.
+
+    One value check of the logits (CPU: one reduction and a host read; CUDA: on the device,
+    asynchronous); the perturbed scores need none, the built-in noises being finite.
+    """
     _check_logits(logits, "logits")
     check_tau(tau)
     if not isinstance(hard, bool):
         raise ValueError(f"hard must be a bool, got {hard!r}")
     d = check_dim(logits, dim, "dim")
-    theta = logits if d == logits.ndim - 1 else logits.movedim(d, -1)
-    # the logits were checked once above; the perturbed scores are finite whenever they are, so
-    # relax's own value checks (one pass each over theta and θ + ε) are skipped.
-    with set_validation(False):
-        y = relax(theta, Simplex(), noise, Entropy(), tau, hard=hard, generator=generator)
-    return y if d == logits.ndim - 1 else y.movedim(-1, d)
+    last = d == logits.ndim - 1
+    y = _relax(logits if last else logits.movedim(d, -1), _SIMPLEX, noise, _ENTROPY, tau, hard,
+               None, generator, "auto")
+    return y if last else y.movedim(-1, d)
 
 
 def gumbel_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, hard: bool = False,
