@@ -26,6 +26,8 @@ from typing import Iterator, Sequence
 import torch
 
 _VALIDATE = True
+# devices whose value checks are device-side asserts instead of host reads (tests add "cpu")
+_ASYNC_DEVICES = ("cuda",)
 
 
 def validation_enabled() -> bool:
@@ -62,7 +64,7 @@ def check_positive(value: float | torch.Tensor, name: str) -> None:
         if value.is_complex() or not (value.is_floating_point() or value.dtype in
                                       (torch.int32, torch.int64)):
             raise ValueError(f"{name} must be a real number, got a tensor of dtype {value.dtype}")
-        if value.device.type == "cuda":
+        if value.device.type in _ASYNC_DEVICES:
             if value.numel():
                 with torch.no_grad():
                     ok = (torch.isfinite(value) & (value > 0)).all()
@@ -161,7 +163,7 @@ def check_finite(w: torch.Tensor, name: str = "w", *, allow_neg_inf: bool = Fals
     if not w.numel():
         return
     with torch.no_grad():  # no autograd node for the reduction
-        if w.device.type == "cuda":
+        if w.device.type in _ASYNC_DEVICES:
             ok = (w.amax() < math.inf) if allow_neg_inf else torch.isfinite(w).all()
             _assert_on_device(ok, f"perturb: {name} contains NaN or "
                               + ("+inf values (-inf masks are allowed)" if allow_neg_inf

@@ -87,3 +87,124 @@ def test_relaxed_topk_rejects_tau_shaped_like_the_event():
 
     with pytest.raises(ValueError, match="tau of shape"):
         relaxed_topk(torch.randn(5), 2, tau=torch.full((5,), 0.5))
+
+
+# --------------------------------------------------------------------------------------------
+# value checks: one reduction on CPU, no host synchronisation on CUDA
+# --------------------------------------------------------------------------------------------
+
+def _host_reads(fn) -> int:
+    """Host synchronisations of one call (``.item()``/``bool(t)`` and explicit syncs)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.name in (
+        "aten::_local_scalar_dense", "cudaDeviceSynchronize", "cudaStreamSynchronize"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_check_finite_cpu_names_the_argument(dtype):
+    from perturb._validation import check_finite
+
+    x = torch.randn(50, 40).to(dtype)
+    check_finite(x, "logits")
+    check_finite(torch.where(x > 1, -math.inf, x), "logits", allow_neg_inf=True)  # masks
+    for value, kind in ((math.nan, "NaN"), (math.inf, "infinite")):
+        bad = x.clone()
+        bad[17, 3] = value
+        with pytest.raises(ValueError, match=f"logits contains {kind}"):
+            check_finite(bad, "logits")
+        with pytest.raises(ValueError, match=f"logits contains {kind}.*-inf is allowed"):
+            check_finite(torch.where(x > 1, -math.inf, bad), "logits", allow_neg_inf=True)
+    with pytest.raises(ValueError, match="logits contains infinite"):
+        check_finite(torch.where(x > 1, -math.inf, x), "logits")
+    check_finite(torch.empty(0, 3, dtype=dtype), "logits")
+
+
+def test_check_finite_sum_overflow_is_not_an_error():
+    from perturb._validation import check_finite
+
+    big = torch.full((4,), 3e38)  # finite entries whose float32 sum overflows
+    check_finite(big, "w")
+    check_finite(-big, "w")
+
+
+def test_value_checks_read_the_host_once_on_cpu():
+    from perturb._validation import check_finite
+
+    x = torch.randn(64, 100)
+    assert _host_reads(lambda: check_finite(x, "w")) == 1
+    assert _host_reads(lambda: check_finite(x, "w", allow_neg_inf=True)) == 1
+    with set_validation(False):
+        assert _host_reads(lambda: check_scores(x, "w")) == 0
+
+
+def test_check_score_shape_is_structural_only():
+    from perturb._validation import check_score_shape
+
+    check_score_shape(torch.tensor([math.nan, 1.0]), "w")  # values are not looked at
+    with pytest.raises(ValueError, match="w must have a floating dtype"):
+        check_score_shape(torch.arange(3), "w")
+    with pytest.raises(ValueError, match="at least 2 dims"):
+        check_score_shape(torch.zeros(3), "w", min_ndim=2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+def test_value_checks_do_not_synchronise_on_cuda():
+    from perturb._validation import check_finite
+
+    x = torch.randn(64, 100, device="cuda")
+    tau = torch.full((64,), 0.5, device="cuda")
+    torch.cuda.synchronize()
+    for fn in (lambda: check_finite(x, "w"), lambda: check_finite(x, "w", allow_neg_inf=True),
+               lambda: check_scores(x, "w"), lambda: check_positive(tau, "tau")):
+        fn()  # warm up
+        assert _host_reads(fn) == 0
+    torch.cuda.synchronize()  # and the good inputs passed the device-side asserts
+
+
+_ASYNC_FAILURE = """
+import math, torch
+from perturb import gumbel_softmax
+x = torch.randn(8, 5, device="cuda")
+x[3, 2] = math.nan
+y = gumbel_softmax(x, tau=0.5)   # returns: the check runs on the device
+torch.cuda.synchronize()          # the device-side assert surfaces here
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+def test_nan_on_cuda_fails_asynchronously_with_the_argument_name():
+    """A device-side assert poisons the CUDA context, so it runs in a child process."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", _ASYNC_FAILURE], capture_output=True, text=True,
+                         cwd=root, timeout=300)
+    assert out.returncode != 0
+    assert "device-side assert" in out.stderr or "logits contains NaN" in out.stderr, out.stderr
+
+
+def test_device_side_branch_conditions_and_messages(monkeypatch):
+    """The CUDA branch run on CPU tensors, where torch._assert_async raises at once."""
+    from perturb import _validation
+    from perturb._validation import check_finite
+
+    monkeypatch.setattr(_validation, "_ASYNC_DEVICES", ("cuda", "cpu"))
+    x = torch.randn(30, 20)
+    check_finite(x, "logits")
+    check_finite(torch.where(x > 1, -math.inf, x), "logits", allow_neg_inf=True)
+    check_positive(torch.tensor([0.5, 2.0]), "tau")
+    for value in (math.nan, math.inf):
+        bad = x.clone()
+        bad[4, 4] = value
+        with pytest.raises(RuntimeError, match="perturb: logits contains NaN or infinite"):
+            check_finite(bad, "logits")
+        with pytest.raises(RuntimeError, match=r"logits contains NaN or \+inf values \(-inf"):
+            check_finite(bad, "logits", allow_neg_inf=True)
+    with pytest.raises(RuntimeError, match="logits contains NaN or infinite"):
+        check_finite(torch.where(x > 1, -math.inf, x), "logits")
+    for tau in (torch.tensor([0.5, 0.0]), torch.tensor([math.nan]), torch.tensor([math.inf])):
+        with pytest.raises(RuntimeError, match="perturb: tau must be finite and > 0"):
+            check_positive(tau, "tau")
