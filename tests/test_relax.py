@@ -19,7 +19,7 @@ from perturb import (
     relax,
 )
 
-NOISES = [Gumbel(), Normal(0.5), Logistic()]
+NOISES = [Gumbel(), Gumbel(0.7), Normal(0.5), Normal(), Logistic()]
 
 
 def _theta(*shape, dtype=torch.float64, seed=0):
@@ -167,6 +167,52 @@ def test_relax_gumbel_frequencies():
     assert bool(((y.mean(0) - p).abs() <= 5 * (p * (1 - p) / n).sqrt()).all())
 
 
+# --------------------------------------------------------------------------------------------
+# the Gumbel sampler behind perturb/relax: one Exp(1) draw, G = −β log E
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_gumbel_sampler_distribution(dtype, scale):
+    """Kolmogorov–Smirnov against the Gumbel CDF exp(−exp(−x/β)).
+
+    n = 200,000 draws; the statistic must stay under 1.95/√n, the 0.1% critical value of the
+    KS distribution (a fixed seed, so the test is deterministic: it failing means a wrong law).
+    Plus moments within 5 standard errors and finite, bounded extremes.
+    """
+    n = 200_000
+    x = Gumbel(scale).sample((n,), generator=torch.Generator().manual_seed(17), dtype=dtype)
+    assert x.dtype == dtype and bool(torch.isfinite(x).all())
+    xs = x.double().sort().values / scale
+    cdf = torch.exp(-torch.exp(-xs))
+    i = torch.arange(1, n + 1, dtype=torch.float64)
+    ks = torch.maximum(i / n - cdf, cdf - (i - 1) / n).max().item()
+    assert ks < 1.95 / math.sqrt(n), ks
+    g = Gumbel(scale)
+    assert abs(x.double().mean().item() - g.mean) < 5 * math.sqrt(g.variance / n)
+    # float32: U ≥ tiny and −log U ≥ 2^-24 bound the draws to about [−4.5, 16.7]·β
+    assert -4.5 * scale < x.min().item() and x.max().item() < 37.0 * scale
+
+
+def test_gumbel_perturbation_is_bitwise_theta_plus_sample():
+    """relax/perturb add θ − β log E; that is θ + Gumbel(β).sample(...) to the last bit."""
+    for scale in (1.0, 0.7):
+        theta = _theta(4, 6, dtype=torch.float32)
+        u = perturb(theta, Gumbel(scale), n_samples=2, generator=torch.Generator().manual_seed(3))
+        eps = Gumbel(scale).sample((2, 4, 6), generator=torch.Generator().manual_seed(3),
+                                   dtype=torch.float32)
+        assert torch.equal(u, theta + eps)
+
+
+def test_relax_still_checks_user_noise():
+    class _NaNNoise(Normal):
+        def sample(self, shape, *, generator=None, device=None, dtype=None):
+            return torch.full(tuple(shape), math.nan, dtype=dtype, device=device)
+
+    with pytest.raises(ValueError, match="theta \\+ noise contains NaN"):
+        relax(_theta(2, 3), noise=_NaNNoise())
+
+
 @pytest.mark.parametrize("call,match", [
     (lambda t: relax(t, tau=0.0), "tau"),
     (lambda t: relax(t, tau=-2.0), "tau"),
@@ -176,6 +222,8 @@ def test_relax_gumbel_frequencies():
     (lambda t: relax(t, backward="implicit"), "supported"),
     (lambda t: relax(t, n_samples=-1), "n_samples"),
     (lambda t: relax(t, structure=Gumbel()), "structure"),
+    (lambda t: relax(t, generator=3), "generator"),
+    (lambda t: relax(t, noise=Normal(), generator="g"), "generator"),
 ])
 def test_relax_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
