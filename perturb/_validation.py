@@ -162,7 +162,7 @@ def check_finite(w: torch.Tensor, name: str = "w", *, allow_neg_inf: bool = Fals
     """
     if not w.numel():
         return
-    with torch.no_grad():  # no autograd node for the reduction
+    with torch.no_grad() if w.requires_grad else contextlib.nullcontext():  # no autograd node
         if w.device.type in _ASYNC_DEVICES:
             ok = (w.amax() < math.inf) if allow_neg_inf else torch.isfinite(w).all()
             _assert_on_device(ok, f"perturb: {name} contains NaN or "

@@ -56,7 +56,7 @@ from perturb.structures import Simplex, register_solver
 
 __all__ = ["softmax", "sparsemax", "gumbel_softmax", "gaussian_softmax", "set_compiled"]
 
-_SIMPLEX, _ENTROPY = Simplex(), Entropy()
+_SIMPLEX, _ENTROPY, _GUMBEL = Simplex(), Entropy(), Gumbel()  # immutable, shared
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,7 +302,7 @@ def gumbel_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, hard: 
     References:
         Jang et al. 2017 (arXiv:1611.01144); Maddison et al. 2017 (arXiv:1611.00712).
     """
-    return _stochastic_softmax(logits, Gumbel(), tau, hard, dim, generator)
+    return _stochastic_softmax(logits, _GUMBEL, tau, hard, dim, generator)
 
 
 def gaussian_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, sigma: float = 1.0,

@@ -125,8 +125,14 @@ def _open_uniform(shape: torch.Size, generator: torch.Generator | None,
                   device: torch.device | str | None, dtype: torch.dtype) -> torch.Tensor:
     """U(0, 1) draws clamped into the open interval [tiny, 1 − eps/2] so no transform gives inf."""
     u = torch.rand(shape, generator=generator, device=device, dtype=dtype)
-    fi = torch.finfo(dtype)
-    return u.clamp(fi.tiny, 1.0 - fi.eps / 2)
+    bounds = _OPEN_UNIT.get(dtype)
+    if bounds is None:
+        fi = torch.finfo(dtype)
+        bounds = _OPEN_UNIT[dtype] = (fi.tiny, 1.0 - fi.eps / 2)
+    return u.clamp_(*bounds)
+
+
+_OPEN_UNIT: dict[torch.dtype, tuple[float, float]] = {}
 
 
 def _zero_grad_like(value: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
@@ -479,7 +485,8 @@ class Gumbel(_ScaleNoise):
         −eps/2, so E > 0). Elsewhere: ``E = −log U``, ``U = torch.rand`` clamped to
         ``[tiny, 1 − eps/2]`` (torch's CPU ``exponential_`` is a serial loop, ~7× slower).
         """
-        dev = torch.device(device) if device is not None else _default_device()
+        dev = device if isinstance(device, torch.device) else (
+            torch.device(device) if device is not None else _default_device())
         if dev.type == "cuda":
             return torch.empty(shape, device=dev, dtype=dtype).exponential_(generator=generator)
         u = _open_uniform(shape, generator, dev, dtype)

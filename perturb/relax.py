@@ -124,10 +124,11 @@ def _resolve(structure: Structure, regularizer: Regularizer | None,
     regularizer = structure.default_regularizer() if regularizer is None else regularizer
     if not isinstance(regularizer, Regularizer):
         raise ValueError(f"regularizer must be a perturb Regularizer, got {regularizer!r}")
+    if backward == "auto":
+        entry = get_solver(structure, regularizer)
+        return regularizer, entry, entry.backward[0]
     check_choice(backward, BACKWARD_MODES, "backward")
     entry = get_solver(structure, regularizer)
-    if backward == "auto":
-        return regularizer, entry, entry.backward[0]
     if backward not in entry.backward and backward != "finite_difference":
         supported = ("auto",) + entry.backward + tuple(
             m for m in ("finite_difference",) if m not in entry.backward)
