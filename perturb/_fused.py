@@ -35,11 +35,12 @@ eager composition:
   at import).
 
 The value check of the scores stays outside the kernels (:mod:`perturb._validation`: on CUDA a
-device-side assertion, no host synchronisation). The first call of each variant compiles
-(seconds); shapes that change are recompiled once with dynamic shapes, and τ and the noise
-scale are not specialised on. Any exception raised by the compiled functions switches the path
-off for the rest of the process with one warning, and that call is recomputed eagerly from the
-same noise.
+device-side assertion, no host synchronisation). The first call of each variant (soft/hard ×
+Gumbel/Gaussian, and the backward) compiles, in seconds; the first change of shape, rank,
+dtype or τ recompiles that variant once with the changing quantity symbolic (dynamo's
+automatic dynamic shapes and unspecialised floats), later changes reuse it. Any exception
+raised by the compiled functions switches the path off for the rest of the process with one
+warning, and that call is recomputed eagerly from the same noise.
 """
 from __future__ import annotations
 
@@ -137,19 +138,41 @@ def _forward(theta: torch.Tensor, noise: torch.Tensor, gumbel: bool, scale: floa
     return y + (onehot - y), y  # the value of straight_through(onehot, y)
 
 
+# one function (code object) per variant, so that each has its own dynamo cache: a shape, rank
+# or dtype change recompiles one variant, and the variants do not share the recompile limit
+def _soft_gumbel(theta, noise, scale, tau):
+    return _forward(theta, noise, True, scale, tau, False)
+
+
+def _soft_gaussian(theta, noise, scale, tau):
+    return _forward(theta, noise, False, scale, tau, False)
+
+
+def _hard_gumbel(theta, noise, scale, tau):
+    return _forward(theta, noise, True, scale, tau, True)
+
+
+def _hard_gaussian(theta, noise, scale, tau):
+    return _forward(theta, noise, False, scale, tau, True)
+
+
+_FORWARDS = {(False, True): _soft_gumbel, (False, False): _soft_gaussian,
+             (True, True): _hard_gumbel, (True, False): _hard_gaussian}
+
+
 def _backward(y: torch.Tensor, grad: torch.Tensor, tau: float) -> torch.Tensor:
     """θ̄ = y ⊙ (g − ⟨g, y⟩)/τ: the softmax vector–Jacobian product, then ∂(u/τ)/∂u."""
     return y * (grad - (grad * y).sum(dim=-1, keepdim=True)) / tau
 
 
-def _run(name: str, fn: Callable, *args):
+def _run(fn: Callable, *args):
     """``torch.compile(fn)(*args)``; on any exception warn once and stay eager from then on."""
     global _FAILED
     if not _FAILED:
         try:
-            compiled = _COMPILED.get(name)
+            compiled = _COMPILED.get(fn.__name__)
             if compiled is None:
-                compiled = _COMPILED[name] = torch.compile(fn, fullgraph=True)
+                compiled = _COMPILED[fn.__name__] = torch.compile(fn, fullgraph=True)
             return compiled(*args)
         except Exception as exc:  # no compiler, an inductor or Triton error: fall back
             _FAILED = True
@@ -168,7 +191,7 @@ class _FusedSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(theta, noise, gumbel, scale, tau):
-        return _run("forward", _forward, theta, noise, gumbel, scale, tau, False)[0]
+        return _run(_FORWARDS[False, gumbel], theta, noise, scale, tau)[0]
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -180,7 +203,7 @@ class _FusedSoftmax(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None, None
         (y,) = ctx.saved_tensors
-        return _run("backward", _backward, y, grad, ctx.tau), None, None, None, None
+        return _run(_backward, y, grad, ctx.tau), None, None, None, None
 
 
 class _FusedHardSoftmax(torch.autograd.Function):
@@ -191,7 +214,7 @@ class _FusedHardSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(theta, noise, gumbel, scale, tau):
-        return _run("forward", _forward, theta, noise, gumbel, scale, tau, True)
+        return _run(_FORWARDS[True, gumbel], theta, noise, scale, tau)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -204,7 +227,7 @@ class _FusedHardSoftmax(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None, None
         (y,) = ctx.saved_tensors
-        return _run("backward", _backward, y, grad, ctx.tau), None, None, None, None
+        return _run(_backward, y, grad, ctx.tau), None, None, None, None
 
 
 def relax_softmax(theta: torch.Tensor, noise: object, tau: float | torch.Tensor, hard: bool,

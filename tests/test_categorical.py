@@ -472,8 +472,8 @@ def fused_on_cpu(monkeypatch):
     monkeypatch.setattr(_fused, "_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(_fused, "_FAILED", False)
     monkeypatch.setattr(_fused, "_ENABLED", True)
-    monkeypatch.setattr(_fused, "_COMPILED", {"forward": _fused._forward,
-                                              "backward": _fused._backward})
+    plain = list(_fused._FORWARDS.values()) + [_fused._backward]
+    monkeypatch.setattr(_fused, "_COMPILED", {f.__name__: f for f in plain})
     return _fused
 
 
@@ -565,8 +565,8 @@ def test_fused_compiled_on_cpu(monkeypatch):
     monkeypatch.setattr(_fused, "_COMPILED", {})
     x = torch.randn(16, 10)
     c = torch.randn(16, 10)
-    for hard in (False, True):
-        (y_f, g_f), (y_e, g_e) = _fused_and_eager(gumbel_softmax, x, c, tau=0.5, hard=hard)
+    for fn, hard in ((gumbel_softmax, False), (gumbel_softmax, True), (gaussian_softmax, True)):
+        (y_f, g_f), (y_e, g_e) = _fused_and_eager(fn, x, c, tau=0.5, hard=hard)
         assert not _fused._FAILED
         torch.testing.assert_close(y_f, y_e)
         torch.testing.assert_close(g_f, g_e)
