@@ -36,9 +36,10 @@ eager composition:
 
 The value check of the scores stays outside the kernels (:mod:`perturb._validation`: on CUDA a
 device-side assertion, no host synchronisation). The first call of each variant (soft/hard ×
-Gumbel/Gaussian, and the backward) compiles, in seconds; the first change of shape, rank,
-dtype or τ recompiles that variant once with the changing quantity symbolic (dynamo's
-automatic dynamic shapes and unspecialised floats), later changes reuse it. Any exception
+Gumbel/Gaussian, and the backward) compiles, in seconds. The number of categories n (the last
+dim) is kept static, so that a row is reduced in one pass; the first change of the batch dims
+or of τ recompiles that variant once with them symbolic (dynamo's automatic dynamic shapes and
+unspecialised floats), later changes reuse it; a new n, rank or dtype compiles anew. Any exception
 raised by the compiled functions switches the path off for the rest of the process with one
 warning, and that call is recomputed eagerly from the same noise.
 """
@@ -122,6 +123,14 @@ def _applies(theta: torch.Tensor, noise: object, tau: object) -> bool:
 # the two functions that are compiled (pure; run eagerly as the fallback)
 # --------------------------------------------------------------------------------------------
 
+def _static_categories(*tensors: torch.Tensor) -> None:
+    """While compiling, specialise on n = size(-1): static row reductions (one pass over a row
+    held in registers) whatever the batch dims do; no-op when run eagerly."""
+    if _being_traced():
+        for t in tensors:
+            torch._dynamo.mark_static(t, t.ndim - 1)
+
+
 def _forward(theta: torch.Tensor, noise: torch.Tensor, gumbel: bool, scale: float, tau: float,
              hard: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(value, soft sample): u = θ − β log E or θ + ε, y = softmax(u/τ) over the last dim.
@@ -129,6 +138,7 @@ def _forward(theta: torch.Tensor, noise: torch.Tensor, gumbel: bool, scale: floa
     ``noise`` is E ~ Exp(1) (Gumbel, scale β) or the Gaussian draw ε itself. The value is y,
     or with ``hard`` the straight-through value y + (onehot(argmax u) − y).
     """
+    _static_categories(theta, noise)
     u = theta - torch.log(noise) * scale if gumbel else theta + noise
     y = torch.softmax(u / tau, dim=-1)
     if not hard:
@@ -162,6 +172,7 @@ _FORWARDS = {(False, True): _soft_gumbel, (False, False): _soft_gaussian,
 
 def _backward(y: torch.Tensor, grad: torch.Tensor, tau: float) -> torch.Tensor:
     """θ̄ = y ⊙ (g − ⟨g, y⟩)/τ: the softmax vector–Jacobian product, then ∂(u/τ)/∂u."""
+    _static_categories(y, grad)
     return y * (grad - (grad * y).sum(dim=-1, keepdim=True)) / tau
 
 
