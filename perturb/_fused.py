@@ -177,9 +177,13 @@ def _backward(y: torch.Tensor, grad: torch.Tensor, tau: float) -> torch.Tensor:
 
 
 def _run(fn: Callable, *args):
-    """``torch.compile(fn)(*args)``; on any exception warn once and stay eager from then on."""
+    """``torch.compile(fn)(*args)``; on any exception warn once and stay eager from then on.
+
+    With grad mode on (a backward with ``create_graph=True``) ``fn`` runs eagerly, so that the
+    result is differentiable again (double backward).
+    """
     global _FAILED
-    if not _FAILED:
+    if not _FAILED and not torch.is_grad_enabled():
         try:
             compiled = _COMPILED.get(fn.__name__)
             if compiled is None:
@@ -220,7 +224,8 @@ class _FusedSoftmax(torch.autograd.Function):
 class _FusedHardSoftmax(torch.autograd.Function):
     """Straight-through: value onehot(argmax u), gradient that of y (:class:`_FusedSoftmax`).
 
-    Returns (value, y); y is marked non-differentiable and saved for the backward.
+    Returns (value, y), both with y's Jacobian; only the value reaches the user, y is saved for
+    the backward (and keeps its graph, for double backward).
     """
 
     @staticmethod
@@ -230,13 +235,14 @@ class _FusedHardSoftmax(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.tau = inputs[4]
-        ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)  # y's incoming gradient is None except in double backward
         ctx.save_for_backward(output[1])
 
     @staticmethod
-    def backward(ctx, grad, _grad_soft):
-        if not ctx.needs_input_grad[0]:
+    def backward(ctx, grad, grad_soft):
+        if not ctx.needs_input_grad[0] or (grad is None and grad_soft is None):
             return None, None, None, None, None
+        grad = grad_soft if grad is None else grad if grad_soft is None else grad + grad_soft
         (y,) = ctx.saved_tensors
         return _run(_backward, y, grad, ctx.tau), None, None, None, None
 

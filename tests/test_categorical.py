@@ -505,6 +505,14 @@ def test_fused_matches_eager_same_noise(fused_on_cpu, fn, hard, dtype):
         assert bool(Simplex().check(y_f).all())
 
 
+def test_fused_double_backward(fused_on_cpu):
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    for hard in (False, True):
+        def fn(v):
+            return gumbel_softmax(v, 0.7, hard=hard, generator=torch.Generator().manual_seed(0))
+        assert torch.autograd.gradgradcheck(fn, (x,))
+
+
 def test_fused_used_only_where_it_applies(fused_on_cpu):
     from perturb._fused import relax_softmax
 
