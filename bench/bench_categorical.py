@@ -92,7 +92,7 @@ def _gumbel_rows(shape, repeat):
 
 def run(quick: bool = False) -> list[dict]:
     dev = device()
-    repeat = 5 if quick else 15
+    repeat = 9 if quick else 21
     rows, x, g = _gumbel_rows((2048, 1000), repeat)
     size = "2048x1000 f32, fwd+bwd"
     rows.append(_pair(f"gaussian_softmax ({size})", lambda v: gaussian_softmax(v, tau=0.5),
