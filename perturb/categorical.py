@@ -291,8 +291,13 @@ def gumbel_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, hard: 
 
     Shape: any, ``logits.shape[dim] = n``; output the same.
 
+    On CUDA there is no host synchronisation: a bad value in the logits raises asynchronously
+    (a device-side assertion naming ``logits``, :mod:`perturb._validation`), and with a float τ
+    the sample is one compiled kernel forward and one backward (:mod:`perturb._fused`; the same
+    noise as the eager ops, equal up to float rounding; see :func:`set_compiled`).
+
     Raises:
-        ValueError: integer dtype, ``dim`` out of range, τ ≤ 0, NaN/inf logits.
+        ValueError: integer dtype, ``dim`` out of range, τ ≤ 0, NaN/+inf logits (−inf masks).
 
     Example::
 
@@ -325,8 +330,10 @@ def gaussian_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, sigm
 
     Shape: any, ``logits.shape[dim] = n``; output the same.
 
+    On CUDA: no host synchronisation and the compiled path, as :func:`gumbel_softmax`.
+
     Raises:
-        ValueError: integer dtype, ``dim`` out of range, τ ≤ 0, σ ≤ 0, NaN/inf logits.
+        ValueError: integer dtype, ``dim`` out of range, τ ≤ 0, σ ≤ 0, NaN/+inf logits.
 
     Example::
 
