@@ -34,6 +34,7 @@ from typing import Callable
 
 import torch
 
+from perturb._precision import full_precision
 from perturb._validation import check_choice, check_int, check_scores, check_tau
 from perturb.backward import finite_difference_solve, straight_through
 from perturb.noise import Discrete, Gumbel, Logistic, Noise, Normal, Uniform, _check_generator
@@ -137,9 +138,11 @@ def _resolve(structure: Structure, regularizer: Regularizer | None,
     return regularizer, entry, backward
 
 
+@full_precision
 def _solve(entry: SolverEntry, mode: str, w: torch.Tensor, structure: Structure,
            regularizer: Regularizer, tau: float | torch.Tensor) -> torch.Tensor:
-    """Run a resolved solver on checked arguments."""
+    """Run a resolved solver on checked arguments: float16 / bfloat16 scores (and autocast
+    regions) in float32, the result in the scores' dtype (:mod:`perturb._precision`)."""
     if mode == "finite_difference" and mode not in entry.backward:
         native = entry.backward[0]
 

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from perturb._precision import full_precision
 from perturb._validation import check_choice, check_tau
 from perturb.boxes.box import Box
 
@@ -384,6 +385,13 @@ def _resolve_method(method: str | None, beta: Any, temperature: Any) -> str:
 
 def _log_volume(box: Box, method: str, beta: Any, temperature: Any, approx: bool
                 ) -> torch.Tensor:
+    return _log_volume_of(box.lower, box.upper, method, beta, temperature, approx)
+
+
+@full_precision
+def _log_volume_of(lower: torch.Tensor, upper: torch.Tensor, method: str, beta: Any,
+                   temperature: Any, approx: bool) -> torch.Tensor:
+    box = Box._trusted(lower, upper)
     if method == "hard":
         return _log_hard_volume(box.upper - box.lower)
     if method == "soft":
@@ -429,7 +437,9 @@ def volume(box: Box, method: str | None = None, beta: float | torch.Tensor | Non
         ``box``: ``(*batch, d)``; returns ``(*batch,)``.
 
     Returns:
-        The volumes (or log volumes).
+        The volumes (or log volumes). float16 / bfloat16 corners (and autocast regions) are
+        computed in float32 (the Bessel functions have no half kernels) and returned in the
+        corners' dtype (:mod:`perturb._precision`).
 
     Raises:
         ValueError: unknown method; ``beta``/``temperature`` <= 0; ``beta`` given with a method

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from perturb._precision import full_precision
 from perturb._validation import (
     broadcasts_to,
     check_choice,
@@ -215,6 +216,7 @@ def _prepare_tau(tau: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(float(tau), dtype=like.dtype, device=like.device)
 
 
+@full_precision
 def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: int = 100,
              tol: float = 1e-6, backward: str = "implicit", a: torch.Tensor | None = None,
              b: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
@@ -274,7 +276,9 @@ def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: 
         Output: ``(*batch, n, m)``.
 
     Returns:
-        The plan P, same dtype and device as ``log_alpha``.
+        The plan P, same dtype and device as ``log_alpha``. float16 / bfloat16 scores (and
+        autocast regions) are solved in float32 and the plan is returned in their dtype
+        (:mod:`perturb._precision`).
 
     Raises:
         ValueError: non-square ``log_alpha`` without marginals, τ ≤ 0, NaN/inf scores,
