@@ -1,0 +1,251 @@
+"""Same generator state, bit-identical results on the CPU: every random public function.
+
+Which functions are random is read off their signatures: every public callable (and every public
+method or constructor of a public class) of the packages' ``__all__`` lists that takes a
+``generator`` or ``seed`` argument needs an entry in ``CASES``, so a random function added later
+fails here until it is covered. Each case runs twice from the same seed and returns its outputs
+and, where the function is differentiable, gradients; they must be equal bit for bit
+(``torch.equal``), not merely close. Random relaxations are also covered per registered pair.
+The CUDA side (which paths are not deterministic there and the switch that makes them so) is in
+docs/core.md, "Reproducibility".
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import warnings
+
+import networkx as nx
+import pytest
+import torch
+
+import perturb
+from perturb import registered_pairs, regularizers as regs
+from perturb.structured import (
+    Arborescences,
+    KSubset,
+    Permutations,
+    SinkhornConvergenceWarning,
+    SpanningTrees,
+)
+from perturb.structures import Simplex
+
+MODULES = ["perturb", "perturb.structured", "perturb.boxes", "perturb.boxes.datasets",
+           "perturb.boxes.hierarchy", "perturb.boxes.distributed", "perturb.boxes.losses",
+           "perturb.checks", "perturb.nn", "perturb.latent", "perturb.noise"]
+HERE = "tests/test_reproducibility.py"
+
+
+def _random_callables() -> dict[str, object]:
+    """'module:qualname' -> callable, for public callables taking ``generator`` or ``seed``."""
+    found = {}
+    for m in MODULES:
+        mod = importlib.import_module(m)
+        for name in getattr(mod, "__all__", []):
+            obj = getattr(mod, name)
+            targets = []
+            if inspect.isclass(obj):
+                for attr, f in vars(obj).items():
+                    if attr == "__init__" or not attr.startswith("_"):
+                        targets.append(f)
+            elif callable(obj):
+                targets.append(obj)
+            for f in targets:
+                f = getattr(f, "__func__", f)
+                try:
+                    params = inspect.signature(f).parameters
+                except (TypeError, ValueError):
+                    continue
+                if "generator" in params or "seed" in params:
+                    found[f.__qualname__] = f
+    return found
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _grad_of(fn, *inputs):
+    """Outputs and the gradients of a fixed random linear functional of them."""
+    inputs = [x.clone().requires_grad_() for x in inputs]
+    y = fn(*inputs)
+    c = torch.randn(y.shape, generator=_gen(99), dtype=y.dtype)
+    grads = torch.autograd.grad((c * y).sum(), inputs, allow_unused=True)
+    return (y.detach(), *[g for g in grads if g is not None])
+
+
+W = torch.randn(3, 6, generator=_gen(0), dtype=torch.float64)
+M = torch.randn(2, 5, 5, generator=_gen(1), dtype=torch.float64)
+
+
+def _noise_case(noise):
+    return lambda s: (noise.sample((4, 5), generator=_gen(s)),)
+
+
+def _vae_case(method):
+    def run(s):
+        torch.manual_seed(0)
+        vae = perturb.latent.CategoricalVAE(n_obs=16, n_latents=3, n_categories=4, hidden=8)
+        x = (torch.rand(5, 16, generator=_gen(3)) < 0.5).float()
+        loss = getattr(vae, method)(x, n_samples=2, generator=_gen(s))
+        if not loss.requires_grad:          # iw_elbo is an evaluation bound (no_grad)
+            return (loss,)
+        grads = torch.autograd.grad(loss.sum(), list(vae.parameters()), allow_unused=True)
+        return (loss.detach(), *[g for g in grads if g is not None])
+    return run
+
+
+def _layer_case(make):
+    def run(s):
+        layer = make(_gen(s))
+        return _grad_of(layer, W)
+    return run
+
+
+def _train_case(s):
+    graph = nx.balanced_tree(2, 3, create_using=nx.DiGraph).reverse()
+    result = perturb.boxes.train_hierarchy(graph, dim=2, epochs=3, batch_size=8,
+                                           negatives_per_positive=2, seed=s, progress=False)
+    return tuple(p.detach() for p in result.model.parameters())
+
+
+def _distributed_case(s):
+    graph = nx.balanced_tree(2, 2, create_using=nx.DiGraph).reverse()
+    result = perturb.boxes.distributed.train_hierarchy_distributed(
+        graph, dim=2, epochs=2, batch_size=4, negatives_per_positive=1, seed=s, world_size=2)
+    return tuple(p.detach() for p in result.model.parameters())
+
+
+def _checks_case(name):
+    def run(s):
+        noise = perturb.Normal()
+        if name == "identify":
+            p = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
+            out = perturb.checks.identify(p, noise, n_samples=256, n_reps=2, max_iter=3,
+                                          generator=_gen(s))
+            return (out.theta,)
+        report = getattr(perturb.checks, name)(noise, 3, n_samples=256, n_reps=2,
+                                               generator=_gen(s))
+        return tuple(torch.as_tensor(v) for v in report.details.values()
+                     if isinstance(v, (torch.Tensor, float)))
+    return run
+
+
+def _argmax(u):
+    return torch.nn.functional.one_hot(u.argmax(-1), u.shape[-1]).to(u.dtype)
+
+
+CASES = {
+    "perturb": lambda s: (perturb.perturb(W, perturb.Gumbel(), generator=_gen(s)),),
+    "relax": lambda s: _grad_of(lambda w: perturb.relax(w, tau=0.5, generator=_gen(s)), W),
+    "gumbel_softmax": lambda s: _grad_of(
+        lambda w: perturb.gumbel_softmax(w, 0.5, hard=True, generator=_gen(s)), W),
+    "gaussian_softmax": lambda s: _grad_of(
+        lambda w: perturb.gaussian_softmax(w, 0.5, generator=_gen(s)), W),
+    "perturbed": lambda s: _grad_of(
+        lambda w: perturb.perturbed(_argmax, w, n_samples=8, generator=_gen(s)), W),
+    "fenchel_young_loss": lambda s: _grad_of(
+        lambda w: perturb.fenchel_young_loss(_argmax, w, _argmax(W), n_samples=8,
+                                             generator=_gen(s)).reshape(1), W),
+    "PerturbedOptimizer.__init__": lambda s: _grad_of(
+        perturb.PerturbedOptimizer(_argmax, n_samples=8, generator=_gen(s)), W),
+    "Noise.sample": _noise_case(perturb.Logistic()),
+    "Gumbel.sample": _noise_case(perturb.Gumbel(2.0)),
+    "Normal.sample": _noise_case(perturb.Normal(0.5)),
+    "Uniform.sample": _noise_case(perturb.Uniform()),
+    "Discrete.sample": _noise_case(perturb.Discrete([-1.0, 0.0, 2.0], [0.2, 0.5, 0.3])),
+    "gumbel_sinkhorn": lambda s: _grad_of(
+        lambda w: perturb.structured.gumbel_sinkhorn(w, 0.5, generator=_gen(s)), M),
+    "sample_ksubset": lambda s: (perturb.structured.sample_ksubset(W, 2, n_samples=5,
+                                                                   generator=_gen(s)),),
+    "sample_spanning_tree": lambda s: (perturb.structured.sample_spanning_tree(
+        M, n_samples=5, generator=_gen(s)),),
+    "sample_arborescence": lambda s: (perturb.structured.sample_arborescence(
+        M, root=1, n_samples=5, generator=_gen(s)),),
+    "StochasticSoftmax.__init__": _layer_case(
+        lambda g: perturb.nn.StochasticSoftmax(tau=0.5, generator=g)),
+    "GumbelSoftmax.__init__": _layer_case(lambda g: perturb.nn.GumbelSoftmax(0.5, generator=g)),
+    "GaussianSoftmax.__init__": _layer_case(
+        lambda g: perturb.nn.GaussianSoftmax(0.5, generator=g)),
+    "BoxEmbedding.__init__": lambda s: tuple(
+        p.detach() for p in perturb.boxes.BoxEmbedding(7, 3, generator=_gen(s)).parameters()),
+    "BoxHierarchyModel.__init__": lambda s: tuple(
+        p.detach() for p in perturb.boxes.BoxHierarchyModel(7, 3, generator=_gen(s))
+        .parameters()),
+    "sample_negatives": lambda s: (perturb.boxes.sample_negatives(
+        torch.tensor([[0, 1], [2, 3], [4, 1]]), 6, 3, generator=_gen(s)),),
+    "train_hierarchy": _train_case,
+    "train_hierarchy_distributed": _distributed_case,
+    "random_dag": lambda s: (torch.tensor(sorted(perturb.boxes.datasets.random_dag(
+        30, seed=s).edges)),),
+    "random_tree": lambda s: (torch.tensor(sorted(perturb.boxes.datasets.random_tree(
+        30, seed=s).edges)),),
+    "split_hierarchy": lambda s: tuple(
+        torch.as_tensor(v) for v in perturb.boxes.datasets.split_hierarchy(
+            perturb.boxes.datasets.random_dag(30, seed=0), 0.3, seed=s)
+        if isinstance(v, torch.Tensor)),
+    "check_completeness": _checks_case("check_completeness"),
+    "check_minimality": _checks_case("check_minimality"),
+    "identify": _checks_case("identify"),
+    "CategoricalVAE.elbo": _vae_case("elbo"),
+    "CategoricalVAE.iw_elbo": _vae_case("iw_elbo"),
+    "binarized_digits": lambda s: perturb.latent.binarized_digits(generator=_gen(s)),
+    "make_nonlinear_ica": lambda s: tuple(
+        v for v in perturb.latent.make_nonlinear_ica(
+            n_sources=2, n_segments=3, n_per_segment=10, d_obs=4, generator=_gen(s))
+        if isinstance(v, torch.Tensor)),
+    "perturbed_binary": lambda s: _grad_of(
+        lambda w: perturb.latent.perturbed_binary(w, 0.5, generator=_gen(s)), W),
+}
+
+RANDOM = _random_callables()
+
+
+def test_every_random_public_function_has_a_case():
+    missing = sorted(set(RANDOM) - set(CASES))
+    assert not missing, (f"random public callables without a reproducibility case: {missing}; "
+                         f"add them to CASES in {HERE}")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_same_generator_state_same_bits(name):
+    if name not in RANDOM:
+        pytest.fail(f"{name} is not a random public callable (renamed?): update CASES in {HERE}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SinkhornConvergenceWarning)
+        first, second = CASES[name](11), CASES[name](11)
+        other = CASES[name](12)
+    assert len(first) == len(second) > 0
+    for a, b in zip(first, second):
+        assert torch.equal(a, b), f"{name}: two runs from one seed differ"
+    # and the seed matters (the case really is random)
+    assert any(not torch.equal(a, b) for a, b in zip(first, other)), f"{name}: seed ignored"
+
+
+STRUCTURES = {
+    "Simplex": (Simplex(), (6,)), "KSubset": (KSubset(2), (6,)),
+    "Permutations": (Permutations(), (5, 5)), "SpanningTrees": (SpanningTrees(), (5, 5)),
+    "Arborescences": (Arborescences(0), (5, 5)),
+}
+PAIRS = [p for p in registered_pairs() if p.supported]
+
+
+@pytest.mark.parametrize("hard", [False, True])
+@pytest.mark.parametrize("pair", PAIRS, ids=[f"{p.structure}-{p.regularizer}" for p in PAIRS])
+def test_relax_every_pair_same_bits(pair, hard):
+    if pair.structure not in STRUCTURES:
+        pytest.fail(f"no case for structure {pair.structure!r} in {HERE}")
+    structure, event = STRUCTURES[pair.structure]
+    theta = torch.randn(2, *event, generator=_gen(5), dtype=torch.float64)
+    reg = getattr(regs, pair.regularizer)()
+
+    def run(s):
+        return _grad_of(lambda t: perturb.relax(t, structure, perturb.Logistic(), reg, tau=0.5,
+                                                hard=hard, n_samples=2, generator=_gen(s)),
+                        theta)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SinkhornConvergenceWarning)
+        first, second = run(3), run(3)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
