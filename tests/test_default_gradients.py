@@ -61,7 +61,7 @@ def _ids(pairs):
 
 #: per structure type: (largest n, smallest τ, draw(data, n) -> structure with DEFAULT settings).
 #: n is capped where brute-force enumeration (trees: n^(n−2)) or the n² finite differences
-#: (Permutations) stay cheap. Sinkhorn's default (tol = 1e-6, n_iters = 200) does not always
+#: (Permutations) stay cheap. Sinkhorn's default (tol = 1e-6, n_iters = 1000) does not always
 #: converge for unit-scale scores at τ = 0.3 (about 5% of 2 x 2 problems, 0.5% of 6 x 6 ones,
 #: fewer as τ grows): such an example warns, and is rejected, since the claim under test is
 #: "the default gradient is accurate whenever the default forward reports convergence".

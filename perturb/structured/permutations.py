@@ -140,7 +140,7 @@ class Permutations(Structure):
     event_dim = 2
     square = True
 
-    def __init__(self, n_iters: int = 200, tol: float = 1e-6):
+    def __init__(self, n_iters: int = 1000, tol: float = 1e-6):
         self.n_iters = check_int(n_iters, "n_iters", low=1)
         self.tol = _check_tol(tol)
 
@@ -167,7 +167,7 @@ class Permutations(Structure):
 
     def __repr__(self) -> str:
         args = []
-        if self.n_iters != 200:
+        if self.n_iters != 1000:
             args.append(f"n_iters={self.n_iters}")
         if self.tol != 1e-6:
             args.append(f"tol={self.tol}")
@@ -217,10 +217,10 @@ def _prepare_tau(tau: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 @full_precision
-def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: int = 100,
+def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: int = 1000,
              tol: float = 1e-6, backward: str = "implicit", a: torch.Tensor | None = None,
              b: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
-             accelerate: bool = True, eps_scaling: bool = False) -> torch.Tensor:
+             accelerate: bool = True, eps_scaling: bool | None = None) -> torch.Tensor:
     r"""Entropic projection onto the Birkhoff polytope (or a transport polytope), in log space.
 
     Solves
@@ -268,7 +268,10 @@ def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: 
             ``False`` runs plain Sinkhorn (same result to ``tol``).
         eps_scaling: solve at temperatures 2^s τ first (s from the spread of W/τ down to 0),
             warm-starting each stage: fewer iterations at small τ (e.g. 747 instead of 1,427 at
-            τ = 0.05, 16 x 64 x 64), more at moderate τ, so off by default.
+            τ = 0.05, 16 x 64 x 64), more at moderate τ. ``None`` (default) decides from the
+            spread of the centred W/τ: on above 64 (e.g. unit-scale scores at τ ≲ 0.1, and
+            always at extreme scales such as ±1e4 scores at τ = 1e-3, which plain iterations
+            cannot solve), off below; ``True``/``False`` force it.
 
     Shape:
         log_alpha: ``(*batch, n, m)`` (m = n without marginals); a: ``(*batch, n)``;

@@ -1,0 +1,147 @@
+"""Extreme inputs over every registered pair: scores of ±1e4 at τ = 1e-3, float32 and float64.
+
+Hypothesis draws the scores (Gaussian ×1e4, or exact ties: ±1e4 and 0 only), the size (up to
+1000 for permutations, 200 for trees, through explicit examples) and the dtype; for every
+supported pair of :func:`perturb.registered_pairs` (a pair registered later is covered, and
+fails until its structure has an entry in CASES) the relaxed output and the gradient of a linear
+loss must be finite and the output must satisfy its structure's linear constraints:
+
+- Simplex: entries in [0, 1], rows sum to 1;
+- KSubset(k): entries in [0, 1], rows sum to k;
+- Permutations: rows or columns sum to 1 (the last normalisation), the other side within the
+  tolerance the solver reports using (``SinkhornSolution.tol``: max(tol, its rounding floor)), or
+  within the error it measured when it warned of non-convergence;
+- SpanningTrees: symmetric, zero diagonal, Σμ = 2(n − 1) (each edge counted twice);
+- Arborescences(root): every non-root column sums to 1, the root's column to 0.
+
+Constraint sums are taken in float64 over the returned values, so the rounding allowance is that
+of the output: |Σ − target| ≤ 4 ε · (mass summed), ε the output dtype's epsilon.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from perturb import registered_pairs, regularized_argmax
+from perturb import regularizers as regs
+from perturb.structured import (
+    Arborescences,
+    KSubset,
+    Permutations,
+    SinkhornConvergenceWarning,
+    SpanningTrees,
+)
+from perturb.structured._sinkhorn import sinkhorn_iterate
+from perturb.structures import Simplex
+
+SUPPORTED = [p for p in registered_pairs() if p.supported]
+HERE = "tests/test_extremes.py"
+SCALE, TAU = 1e4, 1e-3
+
+#: structure -> (hypothesis' largest n, the large n of the explicit example, make(n))
+CASES = {
+    "Simplex": (20, 1000, lambda n: Simplex()),
+    "KSubset": (20, 1000, lambda n: KSubset(max(1, n // 3))),
+    "Permutations": (12, 1000, lambda n: Permutations()),
+    "SpanningTrees": (12, 200, lambda n: SpanningTrees()),
+    "Arborescences": (12, 200, lambda n: Arborescences(n // 2)),
+}
+
+
+def _ids(pairs):
+    return [f"{p.structure}-{p.regularizer}" for p in pairs]
+
+
+def _scores(event, dtype, kind, seed, batch):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "gaussian":
+        w = torch.randn(batch, *event, generator=g, dtype=torch.float64) * SCALE
+    else:                                               # exact ties at ±1e4 and 0
+        w = (torch.randint(-1, 2, (batch, *event), generator=g) * SCALE).double()
+    return w.to(dtype)
+
+
+def _check_constraints(structure, w, y, warned):
+    eps = torch.finfo(y.dtype).eps
+    y64 = y.detach().double()
+    n = y.shape[-1]
+    slack = 4 * eps
+    if isinstance(structure, Permutations):
+        sol = sinkhorn_iterate(w.double() / TAU, torch.ones(w.shape[:-1], dtype=torch.float64),
+                               torch.ones(w.shape[:-1], dtype=torch.float64), None, None,
+                               structure.n_iters, structure.tol)
+        # the exponent of an entry is rounded at the scale of |W|/τ: the floor in sol.tol
+        slack = float(sol.tol.max()) + 4 * eps
+    assert (y64 >= 0).all() and (y64 <= 1 + slack).all(), "entries outside [0, 1]"
+
+    def close(total, target, mass):
+        err = (total - target).abs().max()
+        assert err <= 4 * eps * mass, f"constraint off by {err:.3g} (allowed {4 * eps * mass:.3g})"
+
+    if isinstance(structure, Simplex):
+        close(y64.sum(-1), 1.0, 1.0)
+    elif isinstance(structure, KSubset):
+        close(y64.sum(-1), float(structure.k), float(structure.k))
+    elif isinstance(structure, Permutations):
+        rows = (y64.sum(-1) - 1).abs().amax(-1)
+        cols = (y64.sum(-2) - 1).abs().amax(-1)
+        # one side is exact (the last normalisation), the other within the tolerance used, or
+        # within the error the solver measured and warned about
+        allowed = (sol.error if warned else sol.tol).double() + 4 * eps
+        assert (torch.minimum(rows, cols) <= slack).all(), "neither side normalised"
+        assert (torch.maximum(rows, cols) <= allowed).all(), \
+            f"marginals off by {torch.maximum(rows, cols).max():.3g} > {allowed.max():.3g}"
+    elif isinstance(structure, SpanningTrees):
+        assert torch.equal(y64, y64.transpose(-1, -2))
+        assert (y64.diagonal(dim1=-2, dim2=-1) == 0).all()
+        close(y64.sum((-2, -1)), 2.0 * (n - 1), 2.0 * (n - 1))
+    elif isinstance(structure, Arborescences):
+        cols = y64.sum(-2)
+        root = structure.root
+        close(cols[..., root], 0.0, 1.0)
+        keep = torch.arange(n) != root
+        close(cols[..., keep], 1.0, 1.0)
+    else:
+        pytest.fail(f"no constraint check for {type(structure).__name__} in {HERE}")
+
+
+def _run(pair, n, dtype, kind, seed, batch=2):
+    if pair.structure not in CASES:
+        pytest.fail(f"no extreme-input case for structure {pair.structure!r}: add one to CASES "
+                    f"in {HERE}")
+    structure = CASES[pair.structure][2](n)
+    event = (n,) if structure.event_dim == 1 else (n, n)
+    w = _scores(event, dtype, kind, seed, batch).requires_grad_()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SinkhornConvergenceWarning)
+        y = regularized_argmax(w, structure, getattr(regs, pair.regularizer)(), TAU)
+    warned = any(issubclass(c.category, SinkhornConvergenceWarning) for c in caught)
+    assert y.dtype == dtype and torch.isfinite(y).all(), "non-finite output"
+    _check_constraints(structure, w.detach(), y, warned)
+    c = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=dtype)
+    (grad,) = torch.autograd.grad((c * y).sum(), w)
+    assert torch.isfinite(grad).all(), "non-finite gradient"
+
+
+@pytest.mark.parametrize("pair", SUPPORTED, ids=_ids(SUPPORTED))
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_extreme_scores_small_tau(pair, data):
+    n_max = CASES[pair.structure][0] if pair.structure in CASES else 4
+    n = data.draw(st.integers(2, n_max), label="n")
+    dtype = data.draw(st.sampled_from([torch.float32, torch.float64]), label="dtype")
+    kind = data.draw(st.sampled_from(["gaussian", "ties"]), label="scores")
+    _run(pair, n, dtype, kind, data.draw(st.integers(0, 2**31 - 1), label="seed"))
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "ties"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("pair", SUPPORTED, ids=_ids(SUPPORTED))
+def test_extreme_scores_large_n(pair, dtype, kind):
+    """The large sizes: n = 1000 (simplex, k-subsets, permutations), 200 (trees)."""
+    n = CASES[pair.structure][1] if pair.structure in CASES else 4
+    _run(pair, n, dtype, kind, seed=0, batch=1)
