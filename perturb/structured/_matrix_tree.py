@@ -167,6 +167,14 @@ def _check_connected(valid: torch.Tensor, nodes: torch.Tensor | None, root: int,
                          "connected to node 0 along allowed edges (finite scores, True in mask)")
 
 
+def _detached(w: torch.Tensor, name: str = "w") -> torch.Tensor:
+    """``w.detach()`` after checking that ``w`` is a tensor (samplers and exact solvers)."""
+    if not isinstance(w, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape (*batch, n, n), got "
+                         f"{type(w).__name__}")
+    return w.detach()
+
+
 def _prepare(w, tau, mask, lengths, root, symmetric, name="w"):
     """Validate and return (scores s = w/τ with masked entries zero-filled, allowed edges,
     node mask, root). Masked entries are filled before dividing by τ so that a gradient with
@@ -174,10 +182,9 @@ def _prepare(w, tau, mask, lengths, root, symmetric, name="w"):
     _check_tree_scores(w, mask, name)
     _validation.check_tau(tau)
     n = w.shape[-1]
-    if root is None:
-        root = 0
-    else:
-        root = check_int(root, "root", low=-n, high=n - 1) % n
+    # undirected problems are rooted at node 0 internally; a directed root is a node index in
+    # [0, n − 1] (no Python-style wrap-around, no None)
+    root = 0 if symmetric else check_int(root, "root", low=0, high=n - 1)
     nodes = _node_mask(w, lengths)
     if nodes is not None and root != 0 and bool((~nodes[..., root]).any()):
         raise ValueError(f"root={root} lies beyond the graph size given by lengths")
@@ -592,7 +599,7 @@ def arborescence_log_partition(w: torch.Tensor, root: int = 0, tau: float | torc
     Args:
         w: log-potentials, ``w[..., i, j]`` scores the edge i → j; the diagonal and the column
             of the root are ignored; ``-inf`` forbids an edge.
-        root: the root node.
+        root: the root node, an int in [0, n − 1] (negative values and None are rejected).
         tau, mask, lengths: as :func:`spanning_tree_log_partition`.
 
     Shape: ``w``: ``(*batch, n, n)`` -> ``(*batch)``.
