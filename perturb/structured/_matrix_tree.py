@@ -37,11 +37,16 @@ Precision. float16/bfloat16/float32 inputs are computed in float64 internally an
 det(I − P̂) is the product of the pivots and the marginals are differences G_jj − G_ji, both of
 which lose every digit in float32 once the scores spread over a few units. Even in float64 the
 LU path cancels when the best-scoring edges form cycles with much weaker exits (score gaps of a
-few tens of units, or small τ). Each result is therefore checked a posteriori (finite, μ in
-[0, 1], every non-root column of μ summing to 1 within 1e-9/n, positive determinant, and the
-first-order error bound eps·‖G‖₁² of the inverse below 1e-8; a few O(n²) reductions, no host
-synchronisation) and the failing batch elements are recomputed by the log-space elimination of
-:mod:`perturb.structured._tree_elimination`, exact for any scale but 10–50× slower.
+few tens of units, or small τ): the rounding of the pivots perturbs the exit probabilities of
+those near-closed cycles, and μ is accurate to about eps·‖G‖₁ only. Each result is therefore
+checked a posteriori (finite, μ in [0, 1], every non-root column of μ summing to 1 within
+1e-9/n, positive determinant, and the error estimate 4·max(n, 8)·eps·‖G‖₁ below 1e-8; a few
+O(n²) reductions, no host synchronisation) and the failing batch elements are recomputed by
+the cycle reduction of :mod:`perturb.structured._tree_elimination` (an LU of every node but one
+per cycle of best parents, which is well conditioned and subtraction-free, then log-space
+elimination of the few kept nodes), and where that fails its own check too (scores so extreme
+that the column softmax underflows) by the full log-space elimination, exact for any scale but
+10–50× slower. Both fallbacks are batched over the failing elements.
 
 Backward modes: ``"analytic"`` (the formula above; once differentiable) and ``"unroll"``
 (autograd through the log-space elimination: an independent algorithm, twice differentiable).

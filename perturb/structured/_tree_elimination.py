@@ -17,8 +17,10 @@ This gives log Z to full relative accuracy for any score scale (±1e4, τ = 1e-3
 through it gives the marginals μ = ∇ log Z, whose backward passes are the softmax-like weights
 of the log-sum-exps. The price: O(n³) transcendental functions in a Python loop over n steps
 (about 10–50× slower than an LU factorisation), and O(n³) memory when differentiated. It is the
-fallback of the fast path in :mod:`perturb.structured._matrix_tree` for the batch elements whose
-LU-based marginals fail their a-posteriori check, and the independent ``"unroll"`` reference.
+last fallback of the fast path in :mod:`perturb.structured._matrix_tree` and the independent
+``"unroll"`` reference. The first fallback, :func:`reduced_log_partition` below, applies it
+only to one node per cycle of the best-parent graph after eliminating all other nodes by one
+(well-conditioned, subtraction-free) LU.
 
 References:
     Grassmann, Taksar & Heyman, "Regenerative analysis and steady state distributions for
