@@ -1,4 +1,5 @@
-"""Tree marginals: perturb's arborescence marginals vs pytorch-struct's NonProjectiveDependencyCRF.
+"""Trees: perturb's arborescence marginals vs pytorch-struct's NonProjectiveDependencyCRF, and
+the two exact tree samplers (Wilson's loop-erased walks vs sequential conditioning).
 
 Both compute the edge marginals of arborescences by Tutte's directed matrix-tree theorem.
 pytorch-struct's convention: N words, ``log_potentials[b, i, j]`` scores head i → modifier j and
@@ -7,7 +8,9 @@ Ours with n = N + 1 nodes and root 0 is the same problem with ``w[:, 0, 1:] = di
 ``w[:, 1:, 1:] = φ`` off the diagonal. pytorch-struct adds 1e-5 to every edge weight (its
 ``eps``), so the two agree to about 1e-5, not to rounding; the rows report the difference.
 Timed on one thread, ours and the peer interleaved (ABBA); the ratio is the median per-block
-ratio.
+ratio. Marginal rows count the batch elements each algorithm handled (``paths``: LU fast path /
+cycle reduction / full log-space elimination). Sampler rows compare ``method="wilson"`` with
+``method="conditional"`` (the peer column) on the same graphs, interleaved.
 """
 from __future__ import annotations
 
@@ -17,8 +20,9 @@ import time
 
 import torch
 
-from bench._timing import row, time_ms
-from perturb.structured import arborescence_marginals
+from bench._timing import count_ops, device, row, time_interleaved, time_ms
+from perturb.structured import arborescence_marginals, sample_spanning_tree
+from perturb.structured import _matrix_tree as _mt
 
 try:  # the peer library
     from torch_struct import NonProjectiveDependencyCRF
@@ -37,7 +41,7 @@ def _theirs(phi: torch.Tensor) -> torch.Tensor:
 
 def _to_ours(phi: torch.Tensor) -> torch.Tensor:
     B, N, _ = phi.shape
-    w = torch.zeros(B, N + 1, N + 1, dtype=phi.dtype)
+    w = torch.zeros(B, N + 1, N + 1, dtype=phi.dtype, device=phi.device)
     w[:, 1:, 1:] = phi
     w[:, 0, 1:] = torch.diagonal(phi, dim1=-2, dim2=-1)
     return w
@@ -45,7 +49,7 @@ def _to_ours(phi: torch.Tensor) -> torch.Tensor:
 
 def _from_ours(mu: torch.Tensor) -> torch.Tensor:
     out = mu[:, 1:, 1:].clone()
-    idx = torch.arange(out.shape[-1])
+    idx = torch.arange(out.shape[-1], device=mu.device)
     out[:, idx, idx] = mu[:, 0, 1:]
     return out
 
@@ -104,66 +108,106 @@ def run(quick: bool = False) -> list[dict]:
         torch.set_num_threads(threads)
 
 
-def _run(quick: bool) -> list[dict]:
-    rows = []
-    g = torch.Generator().manual_seed(0)
-    B, N = 16, 63
-    repeat = 5 if quick else 20
-    phi = torch.randn(B, N, N, dtype=torch.float64, generator=g)
+def _paths(w: torch.Tensor) -> str:
+    """How many batch elements each algorithm handled: LU / cycle reduction / elimination."""
+    n = w.shape[-1]
+    valid = ~torch.eye(n, dtype=torch.bool, device=w.device)
+    valid[:, 0] = False
+    *_, path = _mt._solve(w.to(torch.float64), valid.expand(w.shape), None, 0)
+    counts = torch.bincount(path.long().flatten(), minlength=3).tolist()
+    return f"paths LU/reduced/elim = {counts[0]}/{counts[1]}/{counts[2]}"
+
+
+def _marginal_rows(B, N, dtype, scale, repeat, g):
+    dev = device()
+    phi = scale * torch.randn(B, N, N, dtype=dtype, generator=g).to(dev)
     w = _to_ours(phi)
-    c = torch.randn(B, N + 1, N + 1, dtype=torch.float64, generator=g)
-    c_peer = _from_ours(c)
-    mu = _ours(w)
-    err_ours = abs(mu.sum((-1, -2)) - N).max().item()
+    c = torch.randn(B, N + 1, N + 1, dtype=dtype, generator=g).to(dev)
+    name = (f"arborescence marginals fwd+bwd {B}x{N + 1}x{N + 1} "
+            f"{str(dtype).replace('torch.float', 'f')}" + (f", scores x{scale}" if scale != 1
+                                                           else ""))
+    mu = _ours(w).double()
+    e_o = (mu.sum((-1, -2)) - N).abs().max().item()
+    fo = _fwd_bwd(_ours, w, c)
+    ops = count_ops(fo)
+    note = f"{_paths(w)}; |Σμ − (n−1)|: ours {e_o:.1e}"
     if NonProjectiveDependencyCRF is None:
-        ours_f = time_ms(lambda: _ours(w), repeat=repeat)
-        ours_fb = time_ms(_fwd_bwd(_ours, w, c), repeat=repeat)
-        note = f"torch-struct not importable: {_IMPORT_ERROR}"
-        rows.append(row("arborescence marginals fwd 16x64x64 f64", ours_f, "torch-struct", None,
-                        note))
-        rows.append(row("arborescence marginals fwd+bwd 16x64x64 f64", ours_fb, "torch-struct",
-                        None, note))
-    else:
-        mu_peer = _theirs(phi)
-        diff = (_from_ours(mu) - mu_peer).abs().max().item()
-        err_peer = abs(mu_peer.sum((-1, -2)) - N).max().item()
-        # agreement of the gradients too (up to pytorch-struct's eps)
-        gy = _fwd_bwd(_ours, w, c)()
-        gp = _fwd_bwd(_theirs, phi, c_peer)()
-        gdiff = (_from_ours(gy) - gp).abs().max().item()
-        note = (f"max|μ_ours − μ_peer| = {diff:.1e}, grad diff {gdiff:.1e} (peer adds eps=1e-5 "
-                f"to weights); |Σμ − (n−1)|: ours {err_ours:.1e}, peer {err_peer:.1e}")
-        rows.append(_paired_row("arborescence marginals fwd 16x64x64 f64", lambda: _ours(w),
-                                lambda: _theirs(phi), repeat, note))
-        rows.append(_paired_row("arborescence marginals fwd+bwd 16x64x64 f64",
-                                _fwd_bwd(_ours, w, c), _fwd_bwd(_theirs, phi, c_peer),
-                                repeat, note))
-        # harder scores: scale 20 (peer's plain inverse loses the normalisation)
-        phi20 = 20 * phi
-        mu20 = _ours(_to_ours(phi20))
-        mp20 = _theirs(phi20)
-        e_o = abs(mu20.sum((-1, -2)) - N).max().item()
-        e_p = abs(mp20.sum((-1, -2)) - N).max().item()
-        neg_p = mp20.min().item()
-        w20 = _to_ours(phi20)
-        rows.append(_paired_row(
-            "arborescence marginals fwd 16x64x64 f64, scores x20", lambda: _ours(w20),
-            lambda: _theirs(phi20), max(3, repeat // 4),
-            f"|Σμ − (n−1)|: ours {e_o:.1e}, peer {e_p:.1e}; peer min μ {neg_p:.1e} "
-            "(ours falls back to log-space elimination where LU fails its check)"))
-    # cost growth with n (forward + backward, batch 1)
-    sizes = [64, 128, 256] if quick else [64, 128, 256, 512]
-    times = []
-    for n in sizes:
-        x = torch.randn(1, n, n, dtype=torch.float64, generator=g)
-        cc = torch.randn(1, n, n, dtype=torch.float64, generator=g)
-        t = time_ms(_fwd_bwd(_ours, x, cc), repeat=3 if quick else 5, warmup=1)
-        times.append(t)
-        rows.append(row(f"arborescence marginals fwd+bwd n={n} f64", t, "—", None, ""))
+        r = row(name, time_ms(fo, repeat=repeat), "torch-struct", None,
+                note + f"; torch-struct not importable: {_IMPORT_ERROR}")
+        r["ops"] = ops
+        return r
+    fp = _fwd_bwd(_theirs, phi, _from_ours(c))
+    mp = _theirs(phi).double()
+    e_p = (mp.sum((-1, -2)) - N).abs().max().item()
+    diff = (_from_ours(mu) - mp).abs().max().item()
+    r = _paired_row(name, fo, fp, repeat,
+                    note + f", peer {e_p:.1e}; max|μ_ours − μ_peer| = {diff:.1e} (peer adds "
+                    "eps=1e-5 to weights)")
+    r["ops"] = ops
+    return r
+
+
+def _sampler_row(name, w, n_samples, repeat, g_seed=0):
+    def wil():
+        return sample_spanning_tree(w, n_samples=n_samples, method="wilson",
+                                    generator=torch.Generator(w.device).manual_seed(g_seed))
+
+    def cond():
+        return sample_spanning_tree(w, n_samples=n_samples, method="conditional",
+                                    generator=torch.Generator(w.device).manual_seed(g_seed))
+    t = time_interleaved({"wilson": wil, "conditional": cond}, repeat=repeat, warmup=1)
+    r = row(name, t["wilson"], "perturb conditional", t["conditional"],
+            f"Wilson vs sequential conditioning, interleaved, {repeat} repeats; "
+            f"ops: Wilson {count_ops(wil)}, conditional {count_ops(cond)}")
+    return r
+
+
+def _slope(sizes, times):
     xs = [math.log(n) for n in sizes]
     ys = [math.log(t) for t in times]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    slope = sum((a - mx) * (b - my) for a, b in zip(xs, ys)) / sum((a - mx) ** 2 for a in xs)
+    return sum((a - mx) * (b - my) for a, b in zip(xs, ys)) / sum((a - mx) ** 2 for a in xs)
+
+
+def _run(quick: bool) -> list[dict]:
+    rows = []
+    dev = device()
+    g = torch.Generator().manual_seed(0)
+    repeat = 5 if quick else 15
+    for B, N, dtype in ((16, 63, torch.float64), (64, 127, torch.float32)):
+        for scale in (1, 20):
+            rows.append(_marginal_rows(B, N, dtype, scale, repeat if B == 16 else
+                                       max(3, repeat // 3), g))
+    # samplers: 64 graphs x 32 nodes x 16 samples; 64 samples of one 100-node dense graph
+    w = torch.randn(64, 32, 32, dtype=torch.float64, generator=g).to(dev)
+    rows.append(_sampler_row("sample_spanning_tree 64 graphs x 32 nodes x 16 samples f64", w,
+                             16, 3 if quick else 5))
+    w = torch.randn(100, 100, dtype=torch.float64, generator=g).to(dev)
+    rows.append(_sampler_row("sample_spanning_tree 64 samples, one 100-node dense graph f64", w,
+                             64, 2 if quick else 3))
+    # sampler scaling: 16 samples of one graph of n nodes
+    for method, sizes in (("wilson", [25, 50, 100, 200] if quick else [25, 50, 100, 200, 400]),
+                          ("conditional", [25, 50, 100])):
+        times = []
+        for n in sizes:
+            x = torch.randn(n, n, dtype=torch.float64, generator=g).to(dev)
+            t = time_ms(lambda: sample_spanning_tree(
+                x, n_samples=16, method=method, generator=torch.Generator(dev).manual_seed(0)),
+                repeat=3, warmup=1)
+            times.append(t)
+            rows.append(row(f"sample_spanning_tree {method}, 16 samples, n={n} f64", t, "—",
+                            None, ""))
+        rows.append(row(f"log-log slope of sampler time vs n ({method})", None, "—", None,
+                        f"slope {_slope(sizes, times):.2f} over n={sizes}"))
+    # marginal cost growth with n (forward + backward, batch 1, unit scale)
+    sizes = [64, 128, 256] if quick else [64, 128, 256, 512]
+    times = []
+    for n in sizes:
+        x = torch.randn(1, n, n, dtype=torch.float64, generator=g).to(dev)
+        cc = torch.randn(1, n, n, dtype=torch.float64, generator=g).to(dev)
+        t = time_ms(_fwd_bwd(_ours, x, cc), repeat=3 if quick else 5, warmup=1)
+        times.append(t)
+        rows.append(row(f"arborescence marginals fwd+bwd n={n} f64", t, "—", None, ""))
     rows.append(row("log-log slope of time vs n (fwd+bwd)", None, "—", None,
-                    f"slope {slope:.2f} over n={sizes} (O(n³) ⇒ 3)"))
+                    f"slope {_slope(sizes, times):.2f} over n={sizes} (O(n³) ⇒ 3)"))
     return rows

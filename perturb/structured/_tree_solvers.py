@@ -20,7 +20,7 @@ import itertools
 import numpy as np
 import torch
 
-from perturb.structured._matrix_tree import _prepare, _reachable
+from perturb.structured._matrix_tree import _detached, _prepare, _reachable
 
 __all__ = ["max_spanning_tree", "max_arborescence"]
 
@@ -60,7 +60,7 @@ def max_spanning_tree(w: torch.Tensor, mask: torch.Tensor | None = None,
                 [1., 0., 1.],
                 [0., 1., 0.]])
     """
-    s, valid, nodes, _ = _prepare(w.detach(), 1.0, mask, lengths, None, True)
+    s, valid, nodes, _ = _prepare(_detached(w), 1.0, mask, lengths, None, True)
     n = w.shape[-1]
     batch = w.shape[:-2]
     # undirected allowed edges (the directed mask from _prepare drops the edges into node 0)
@@ -167,7 +167,7 @@ def max_arborescence(w: torch.Tensor, root: int = 0, mask: torch.Tensor | None =
     Args:
         w: scores, ``w[..., i, j]`` for the edge i → j; the diagonal and the root's column are
             ignored; ``-inf`` forbids an edge.
-        root: the root node.
+        root: the root node, an int in [0, n − 1].
         mask: optional boolean adjacency broadcastable to ``w``.
         lengths: optional ``(*batch)`` graph sizes.
 
@@ -182,7 +182,7 @@ def max_arborescence(w: torch.Tensor, root: int = 0, mask: torch.Tensor | None =
         >>> max_arborescence(w, root=0).nonzero().tolist()   # 0 → 1 → 2
         [[0, 1], [1, 2]]
     """
-    s, valid, nodes, root = _prepare(w.detach(), 1.0, mask, lengths, root, False)
+    s, valid, nodes, root = _prepare(_detached(w), 1.0, mask, lengths, root, False)
     n = w.shape[-1]
     batch = w.shape[:-2]
     S = s.masked_fill(~valid, -torch.inf).reshape(-1, n, n).to("cpu", torch.float64).numpy()

@@ -105,19 +105,19 @@ class Arborescences(Structure):
     edge marginals (:func:`arborescence_marginals`).
 
     Args:
-        root: the root node (negative values count from the end, as indices).
+        root: the root node, an int >= 0 (and < n for graphs of n nodes; no wrap-around).
     """
 
     event_dim = 2
     square = True
 
     def __init__(self, root: int = 0):
-        self.root = check_int(root, "root")
+        self.root = check_int(root, "root", low=0)
 
     def _root(self, n: int) -> int:
-        if not -n <= self.root < n:
+        if not self.root < n:
             raise ValueError(f"root={self.root} is out of range for graphs with n={n} nodes")
-        return self.root % n
+        return self.root
 
     def validate(self, w: torch.Tensor, name: str = "w") -> None:
         _validate_graph(w, name)
