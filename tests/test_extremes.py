@@ -15,7 +15,9 @@ loss must be finite and the output must satisfy its structure's linear constrain
 - Arborescences(root): every non-root column sums to 1, the root's column to 0.
 
 Constraint sums are taken in float64 over the returned values, so the rounding allowance is that
-of the output: |Σ − target| ≤ 4 ε · (mass summed), ε the output dtype's epsilon.
+of the output: |Σ − target| ≤ 4 ε · (mass summed), ε the output dtype's epsilon, plus for the
+tree marginals (a linear solve checked a posteriori, not a normalisation) their documented
+accuracy of 1e-9 relative.
 """
 from __future__ import annotations
 
@@ -76,11 +78,19 @@ def _check_constraints(structure, w, y, warned):
                                structure.n_iters, structure.tol)
         # the exponent of an entry is rounded at the scale of |W|/τ: the floor in sol.tol
         slack = float(sol.tol.max()) + 4 * eps
-    assert (y64 >= 0).all() and (y64 <= 1 + slack).all(), "entries outside [0, 1]"
+    if isinstance(structure, (SpanningTrees, Arborescences)):
+        slack += 1e-9                      # their documented accuracy (below)
+    below, above = float((-y64).max()), float((y64 - 1).max())
+    assert below <= slack and above <= slack, f"entries outside [0, 1] by {max(below, above):.3g}"
+
+    # the tree marginals come from a linear solve checked a posteriori to 1e-9 relative
+    # (docs/trees.md), not from a normalisation: that is their documented accuracy
+    solved = 1e-9 if isinstance(structure, (SpanningTrees, Arborescences)) else 0.0
 
     def close(total, target, mass):
         err = (total - target).abs().max()
-        assert err <= 4 * eps * mass, f"constraint off by {err:.3g} (allowed {4 * eps * mass:.3g})"
+        allowed = (4 * eps + solved) * mass
+        assert err <= allowed, f"constraint off by {err:.3g} (allowed {allowed:.3g})"
 
     if isinstance(structure, Simplex):
         close(y64.sum(-1), 1.0, 1.0)
