@@ -39,8 +39,10 @@ def validation_enabled() -> bool:
 def set_validation(enabled: bool) -> Iterator[None]:
     """Context manager switching the value checks on or off (structural checks always run)."""
     global _VALIDATE
+    if not isinstance(enabled, bool):   # bool("false") is True: refuse strings and the like
+        raise ValueError(f"enabled must be a bool, got {enabled!r}")
     previous = _VALIDATE
-    _VALIDATE = bool(enabled)
+    _VALIDATE = enabled
     try:
         yield
     finally:
@@ -78,6 +80,20 @@ def check_positive(value: float | torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must be a positive real number, got {value!r}")
     if not (math.isfinite(float(value)) and value > 0):
         raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+
+
+def check_real(value: float, name: str, *, low: float | None = None,
+               high: float | None = None) -> float:
+    """A finite real number (not a bool) in [low, high]; returns it as a float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"in [{low if low is not None else '-inf'}, {high if high is not None else 'inf'}]"
+        raise ValueError(f"{name} must be {bounds}, got {value!r}")
+    return value
 
 
 def check_tau(tau: float | torch.Tensor, name: str = "tau") -> None:
@@ -133,7 +149,8 @@ def check_dim(x: torch.Tensor, dim: int, name: str = "dim") -> int:
 
 def check_score_shape(w: torch.Tensor, name: str = "w", *, min_ndim: int = 1,
                       square: bool = False) -> None:
-    """The structural half of :func:`check_scores` (type, dtype, ndim, square); always runs."""
+    """The structural half of :func:`check_scores` (type, dtype, ndim, square, a non-empty event:
+    the last ``min_ndim`` dims); always runs."""
     if not isinstance(w, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
     if not w.is_floating_point():
@@ -144,6 +161,10 @@ def check_score_shape(w: torch.Tensor, name: str = "w", *, min_ndim: int = 1,
     if square and w.shape[-1] != w.shape[-2]:
         raise ValueError(f"{name} must be square in its last two dims (*batch, n, n), "
                          f"got shape {tuple(w.shape)}")
+    if min_ndim and 0 in w.shape[w.ndim - min_ndim:]:
+        raise ValueError(f"{name} has an empty event: its last {min_ndim} dim(s) must be "
+                         f"non-empty (n >= 1), got shape {tuple(w.shape)}; an empty batch "
+                         f"(size 0 in a leading dim) is allowed and gives an empty result")
 
 
 def check_finite(w: torch.Tensor, name: str = "w", *, allow_neg_inf: bool = False) -> None:

@@ -30,7 +30,18 @@ def straight_through(hard: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
 
     Computed as ``soft + (hard − soft).detach()``, so the value equals ``hard`` up to one rounding.
     Shape: any, ``hard`` and ``soft`` broadcast together.
+
+    Raises:
+        ValueError: ``hard`` or ``soft`` not a tensor, or shapes that do not broadcast.
     """
+    if not isinstance(hard, torch.Tensor) or not isinstance(soft, torch.Tensor):
+        raise ValueError(f"hard and soft must be tensors, got {type(hard).__name__} and "
+                         f"{type(soft).__name__}")
+    try:
+        torch.broadcast_shapes(hard.shape, soft.shape)
+    except RuntimeError:
+        raise ValueError(f"hard and soft must have broadcastable shapes, got "
+                         f"{tuple(hard.shape)} and {tuple(soft.shape)}") from None
     return soft + (hard - soft).detach()
 
 
@@ -174,6 +185,8 @@ def implicit_root(optimality_fn: Callable[..., torch.Tensor], x_star: torch.Tens
         # simplex constraint eliminated, any system that pins x*:
         x = implicit_root(lambda x, w: x - torch.softmax(w, -1), torch.softmax(w, -1), w)
     """
+    if not callable(optimality_fn):
+        raise ValueError(f"optimality_fn must be a callable F(x, *params), got {optimality_fn!r}")
     if not callable(linear_solve):
         check_choice(linear_solve, LINEAR_SOLVES, "linear_solve")
     return _ImplicitRoot.apply(x_star, optimality_fn, event_dim, linear_solve, *params)
@@ -237,5 +250,7 @@ def finite_difference_solve(solve_fn: Callable[[torch.Tensor], torch.Tensor], w:
     """
     if eps is None:
         eps = 1e-3 if w.dtype == torch.float64 else 1e-2
+    if not callable(solve_fn):
+        raise ValueError(f"solve_fn must be a callable w -> y, got {solve_fn!r}")
     check_positive(eps, "eps")
     return _FiniteDifference.apply(w, solve_fn, float(eps), event_dim)

@@ -38,7 +38,7 @@ import torch
 
 from perturb import _identify as _I
 from perturb._identify import IdentifyResult
-from perturb._validation import check_int, check_positive, check_tau
+from perturb._validation import check_int, check_positive, check_real, check_tau
 
 __all__ = [
     "check_completeness", "check_minimality", "identify",
@@ -440,6 +440,7 @@ def check_minimality(noise: Any, d: int, kind: str = "softmax", param_space: str
         >>> noise.argmax_probs(r.witness.theta) - noise.argmax_probs(r.witness.theta_prime)
         tensor([0., 0., 0.], dtype=torch.float64)
     """
+    check_real(eig_tol, "eig_tol", low=0.0)
     d = _common_checks(noise, d, kind, param_space, tau)
     check_int(n_points, "n_points", low=0)
     check_positive(scale, "scale")

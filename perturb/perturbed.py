@@ -37,7 +37,15 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from perturb._validation import check_choice, check_int, check_positive, check_scores
+from perturb._validation import (
+    broadcasts_to,
+    check_choice,
+    check_finite,
+    check_int,
+    check_positive,
+    check_scores,
+    validation_enabled,
+)
 from perturb.noise import Noise, Normal
 
 __all__ = ["perturbed", "fenchel_young_loss", "PerturbedOptimizer", "perturbed_optimizer"]
@@ -94,15 +102,19 @@ def _run_argmax(argmax_fn: ArgmaxFn, u: torch.Tensor, event_dim: int,
             flat = u.reshape(-1, *u.shape[u.ndim - event_dim:])
             ys = [_to_tensor(argmax_fn(flat[i]), u) for i in range(flat.shape[0])]
             y = torch.stack(ys).reshape(*lead, *ys[0].shape)
-    if y.shape[:len(lead)] != lead:
-        raise ValueError(f"argmax_fn must keep the leading dims {tuple(lead)} of its input "
-                         f"(shape {tuple(u.shape)}), got output shape {tuple(y.shape)}")
+    if y.shape[:len(lead)] != lead or y.ndim < len(lead) + min(event_dim, 1):
+        raise ValueError(f"argmax_fn must return (*batch, *out): keep the leading dims "
+                         f"{tuple(lead)} of its input (shape {tuple(u.shape)}) and add the "
+                         f"structure's dims (at least one), got output shape {tuple(y.shape)}")
     return y
 
 
 def _sample(argmax_fn: ArgmaxFn, theta: torch.Tensor, sigma: float, noise: Noise | None,
             n_samples: int, generator: torch.Generator | None, event_dim: int, batched: bool):
     """Validate, draw Z ``(n_samples, *theta.shape)``, return (noise, Z, y(θ + σZ))."""
+    if not callable(argmax_fn):
+        raise ValueError(f"argmax_fn must be a callable mapping scores to structures, got "
+                         f"{argmax_fn!r}")
     check_int(event_dim, "event_dim", low=0)
     check_scores(theta, "theta", min_ndim=event_dim)
     check_positive(sigma, "sigma")
@@ -263,11 +275,14 @@ def fenchel_young_loss(argmax_fn: ArgmaxFn, theta: torch.Tensor, y_true: torch.T
                          f"expected {tuple(theta.shape)} per sample, got {tuple(ys.shape[1:])}")
     if not isinstance(y_true, torch.Tensor):
         y_true = torch.as_tensor(np.asarray(y_true), dtype=theta.dtype, device=theta.device)
-    try:
-        torch.broadcast_shapes(y_true.shape, theta.shape)
-    except RuntimeError as err:
+    if not broadcasts_to(y_true.shape, theta.shape):
         raise ValueError(f"y_true of shape {tuple(y_true.shape)} does not broadcast to theta's "
-                         f"shape {tuple(theta.shape)}") from err
+                         f"shape {tuple(theta.shape)}")
+    if validation_enabled():
+        check_finite(y_true.to(theta.dtype), "y_true")
+    if reduction == "mean" and theta.numel() == 0:
+        raise ValueError(f"reduction='mean' over an empty batch is undefined (theta has shape "
+                         f"{tuple(theta.shape)}); use reduction='sum' or 'none'")
     u = theta + sigma * z  # (M, *batch, *event), differentiable in theta
     dims = tuple(range(u.ndim - event_dim, u.ndim))
     per = ((ys - y_true) * u).sum(dim=dims).mean(dim=0) if dims else ((ys - y_true) * u).mean(0)

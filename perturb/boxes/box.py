@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from perturb._validation import validation_enabled
+from perturb._validation import check_tau, validation_enabled
 
 __all__ = ["Box", "join"]
 
@@ -137,6 +137,7 @@ class Box:
         """
         _check_corner(min, "min")
         _check_corner(delta, "delta")
+        check_tau(softplus_beta, "softplus_beta")
         return cls._from_checked(min, min + F.softplus(delta, beta=softplus_beta))
 
     @classmethod

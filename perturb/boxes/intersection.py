@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from perturb._validation import check_tau
+from perturb._validation import check_tau, validation_enabled
 from perturb.boxes.box import Box, _broadcast_boxes
 from perturb.boxes.volume import _log, _log_gumbel_side_slope, _log_softplus, _log_volume
 
@@ -192,7 +192,21 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
 
     Shape:
         any; elementwise.
+
+    Raises:
+        ValueError: ``x`` not a floating tensor, or (while validation is enabled) an entry > 0
+            or NaN, where 1 − exp(x) < 0 has no real log.
     """
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise ValueError(f"x must be a floating-point tensor, got "
+                         f"{getattr(x, 'dtype', type(x).__name__)}")
+    if validation_enabled() and not bool((x <= 0).all()):
+        raise ValueError("x must be <= 0 everywhere (log(1 − exp(x)) is not real for x > 0) "
+                         "and not NaN")
+    return _log1mexp(x)
+
+
+def _log1mexp(x: torch.Tensor) -> torch.Tensor:
     cut = x > -math.log(2.0)
     x_hi = torch.where(cut, x, torch.full_like(x, -1.0))
     x_lo = torch.where(cut, torch.full_like(x, -1.0), x)
@@ -271,7 +285,7 @@ def _log1m_containment(log_p: torch.Tensor, a: Box, b: Box, beta: float | torch.
     """log(1 − P(b ⊆ a)) given log P (:func:`log1m_containment_prob`; ``beta=None``: hard
     intersection, log1mexp only)."""
     inside = log_p < 0       # P = 1 exactly: -inf, with a zero (not NaN) gradient
-    far = torch.where(inside, log1mexp(torch.where(inside, log_p, torch.full_like(log_p, -1.0))),
+    far = torch.where(inside, _log1mexp(torch.where(inside, log_p, torch.full_like(log_p, -1.0))),
                       torch.full_like(log_p, -math.inf))
     if beta is None:
         return far

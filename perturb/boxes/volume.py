@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from perturb._precision import full_precision
-from perturb._validation import check_choice, check_tau
+from perturb._validation import broadcasts_to, check_choice, check_tau, validation_enabled
 from perturb.boxes.box import Box
 
 __all__ = ["volume", "gumbel_side_length", "log_gumbel_side_length", "EULER_GAMMA"]
@@ -61,6 +61,15 @@ def _any(cond: torch.Tensor) -> bool:
         return bool(cond)
     except RuntimeError:
         return True
+
+
+def _has_nan(x: torch.Tensor) -> bool:
+    """Whether ``x`` has a NaN (amax propagates it); False under ``torch.func`` transforms,
+    where the value cannot be read (the check is skipped there)."""
+    try:
+        return bool(torch.isnan(x.amax()))
+    except RuntimeError:
+        return False
 
 
 def _u_max(dtype: torch.dtype) -> float:
@@ -294,6 +303,9 @@ def _log_volume_backward(t: torch.Tensor, grad_out: torch.Tensor, scale: float, 
 def _as_scale(value: float | torch.Tensor, name: str, like: torch.Tensor) -> float | torch.Tensor:
     check_tau(value, name)
     if isinstance(value, torch.Tensor):
+        if not broadcasts_to(value.shape, like.shape):
+            raise ValueError(f"{name} must broadcast to the corners' shape {tuple(like.shape)} "
+                             f"(*batch, d) without enlarging it, got shape {tuple(value.shape)}")
         return value.to(dtype=like.dtype, device=like.device)
     return float(value)
 
@@ -302,10 +314,30 @@ def _log(value: float | torch.Tensor) -> float | torch.Tensor:
     return torch.log(value) if isinstance(value, torch.Tensor) else math.log(value)
 
 
+def _check_corners(lower: Any, upper: Any) -> None:
+    for x, name in ((lower, "lower"), (upper, "upper")):
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got "
+                             f"{getattr(x, 'dtype', type(x).__name__)}")
+        if validation_enabled() and x.numel() and _has_nan(x):
+            raise ValueError(f"{name} contains NaN values")
+    try:
+        torch.broadcast_shapes(lower.shape, upper.shape)
+    except RuntimeError:
+        raise ValueError(f"lower and upper must broadcast together, got shapes "
+                         f"{tuple(lower.shape)} and {tuple(upper.shape)}") from None
+
+
 def log_gumbel_side_length(lower: torch.Tensor, upper: torch.Tensor,
                            beta: float | torch.Tensor = 1.0, approx: bool = False
                            ) -> torch.Tensor:
     """``log E[max(0, X_hi − X_lo)]`` for Gumbel corners; see :func:`gumbel_side_length`."""
+    _check_corners(lower, upper)
+    return _log_gumbel_side_length(lower, upper, beta, approx)
+
+
+def _log_gumbel_side_length(lower: torch.Tensor, upper: torch.Tensor,
+                            beta: float | torch.Tensor, approx: bool) -> torch.Tensor:
     beta = _as_scale(beta, "beta", lower)
     x = upper - lower
     if approx:
@@ -343,7 +375,8 @@ def gumbel_side_length(lower: torch.Tensor, upper: torch.Tensor,
         The expected side lengths (or their logs), elementwise.
 
     Raises:
-        ValueError: ``beta <= 0`` or not finite.
+        ValueError: ``beta <= 0`` or not finite; corners that are not floating tensors, contain
+            NaN, or do not broadcast together.
 
     Example:
         >>> gumbel_side_length(torch.tensor([0.0]), torch.tensor([0.0]), beta=0.3)
@@ -404,7 +437,7 @@ def _log_volume_of(lower: torch.Tensor, upper: torch.Tensor, method: str, beta: 
     if not isinstance(b, torch.Tensor):
         return _LogVolume.apply(box.lower, box.upper, b, 2.0 * EULER_GAMMA if approx else 0.0,
                                 not approx)[0]
-    return log_gumbel_side_length(box.lower, box.upper, b, approx=approx).sum(dim=-1)
+    return _log_gumbel_side_length(box.lower, box.upper, b, approx).sum(dim=-1)
 
 
 def volume(box: Box, method: str | None = None, beta: float | torch.Tensor | None = None,

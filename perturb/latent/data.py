@@ -5,7 +5,7 @@ from typing import NamedTuple
 
 import torch
 
-from perturb._validation import check_int, check_positive
+from perturb._validation import check_int, check_positive, check_real, check_scores
 from perturb.noise import Logistic, Noise
 
 __all__ = ["NonlinearICAData", "make_nonlinear_ica", "perturbed_binary", "binarized_digits"]
@@ -61,6 +61,8 @@ def make_nonlinear_ica(n_sources: int = 5, n_segments: int = 40, n_per_segment: 
     check_int(n_per_segment, "n_per_segment", low=1)
     check_int(d_obs, "d_obs", low=n_sources)
     check_int(n_layers, "n_layers", low=1)
+    check_positive(slope, "slope")
+    check_real(obs_noise, "obs_noise", low=0.0)
     g = generator if generator is not None else torch.Generator().manual_seed(0)
     mu = torch.rand(n_segments, n_sources, generator=g) * 6 - 3
     sd = torch.rand(n_segments, n_sources, generator=g) * 2.5 + 0.5
@@ -83,7 +85,10 @@ def perturbed_binary(logits: torch.Tensor, temperature: float, noise: Noise | No
 
     Shape: ``logits`` ``(*batch)`` -> same.
     """
+    check_scores(logits, "logits", min_ndim=0)
     noise = Logistic() if noise is None else noise
+    if temperature != 0:
+        check_positive(temperature, "temperature")
     eps = noise.sample(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
     if temperature == 0:
         return (logits + eps > 0).to(logits.dtype)
@@ -104,6 +109,8 @@ def binarized_digits(threshold: float = 0.5, generator: torch.Generator | None =
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise ImportError("binarized_digits needs scikit-learn: pip install 'perturb[examples]'"
                           ) from err
+    check_real(threshold, "threshold", low=0.0, high=1.0)
+    check_real(test_fraction, "test_fraction", low=0.0, high=1.0)
     data = load_digits()
     x = torch.as_tensor(data.data, dtype=torch.get_default_dtype()) / 16.0
     x = (x > threshold).to(x.dtype)

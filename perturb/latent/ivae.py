@@ -26,7 +26,7 @@ import math
 import torch
 from torch import nn
 
-from perturb._validation import check_choice, check_int
+from perturb._validation import check_choice, check_int, check_positive, check_real
 from perturb.noise import Logistic, Noise, Normal
 
 __all__ = ["IVAE"]
@@ -95,8 +95,8 @@ class IVAE(nn.Module):
         self.n_latent = check_int(n_latent, "n_latent", low=1)
         self.n_aux = check_int(n_aux, "n_aux", low=1)
         check_choice(likelihood, ("gaussian", "perturbed"), "likelihood")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        check_real(temperature, "temperature", low=0.0)
+        check_positive(obs_scale, "obs_scale")
         self.conditional_prior = conditional_prior
         self.likelihood, self.obs_scale = likelihood, obs_scale
         self.noise = noise if noise is not None else Logistic()

@@ -20,6 +20,11 @@ def correlation_matrix(a: torch.Tensor, b: torch.Tensor, method: str = "pearson"
     Shape: ``a``: ``(N, n)``, ``b``: ``(N, m)`` -> ``(n, m)``. Constant columns get correlation 0.
     """
     check_choice(method, ("pearson", "spearman"), "method")
+    check_scores(a, "a", min_ndim=2)
+    check_scores(b, "b", min_ndim=2)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[0]:
+        raise ValueError(f"a and b must be (N, n) and (N, m) with the same number of rows N, "
+                         f"got shapes {tuple(a.shape)} and {tuple(b.shape)}")
     if method == "spearman":
         a, b = _rank(a), _rank(b)
     a = a - a.mean(0)

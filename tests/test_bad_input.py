@@ -1,0 +1,452 @@
+"""The bad-input catalogue: every public callable, what it must say about bad arguments.
+
+Driven by the public ``__all__`` lists of the packages in ``MODULES``: every public callable needs
+an entry in ``CATALOGUE`` (a list of cases) or in ``NOTHING_TO_VALIDATE`` (a reason, e.g. a result
+container or a base class), so new API cannot skip validation — a public name with neither fails
+``test_every_public_name_has_an_entry``. Each case calls the function with one bad argument and
+asserts the exception type and that the message names the argument (a regular expression).
+
+Rule for empty inputs: an empty *batch* gives a correct empty result (tested in the files of the
+functions); an empty *event* (n = 0 categories, nodes, items) is an error naming the scores.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from typing import Any, Callable, NamedTuple
+
+import networkx as nx
+import pytest
+import torch
+
+import perturb
+from perturb import boxes, checks, latent, nn, structured
+from perturb.boxes import Box
+
+MODULES = ["perturb", "perturb.structured", "perturb.boxes", "perturb.checks", "perturb.nn",
+           "perturb.latent", "perturb.distributions"]
+HERE = "tests/test_bad_input.py"
+
+
+class Case(NamedTuple):
+    label: str
+    call: Callable[[], Any]
+    match: str                          # regular expression the message must contain
+    exc: type = ValueError
+
+
+def _public_callables() -> dict[str, Any]:
+    found = {}
+    for m in MODULES:
+        try:
+            mod = importlib.import_module(m)
+        except ModuleNotFoundError:
+            continue
+        for name in getattr(mod, "__all__", []):
+            obj = getattr(mod, name)
+            if callable(obj) and not inspect.ismodule(obj):
+                found.setdefault(name, obj)
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# inputs and case generators
+# --------------------------------------------------------------------------------------------
+
+F64 = torch.float64
+V = torch.randn(3, 5, dtype=F64)                 # vectors (batch 3, n 5)
+S = torch.randn(2, 4, 4, dtype=F64)              # square matrices
+NAN_V = V.clone()
+NAN_V[0, 1] = math.nan
+NAN_S = S.clone()
+NAN_S[0, 1, 2] = math.nan
+LOWER = torch.zeros(4, 3)
+UPPER = torch.ones(4, 3)
+BOX = Box(LOWER, UPPER)
+
+
+def _score_cases(fn: Callable, name: str, matrix: bool = False) -> list[Case]:
+    """Wrong dtype, NaN, too few dims, empty event, for a scores argument of ``fn(x)``."""
+    good = S if matrix else V
+    bad_nan = NAN_S if matrix else NAN_V
+    cases = [
+        Case(f"{name} int dtype", lambda: fn(good.long()), name),
+        Case(f"{name} bool dtype", lambda: fn(good > 0), name),
+        Case(f"{name} complex dtype", lambda: fn(good.to(torch.complex128)), name),
+        Case(f"{name} NaN", lambda: fn(bad_nan), name),
+        Case(f"{name} 0-dim", lambda: fn(torch.tensor(1.0, dtype=F64)), name),
+        Case(f"{name} not a tensor", lambda: fn(good.tolist()), name),
+    ]
+    if matrix:
+        cases += [Case(f"{name} non-square", lambda: fn(torch.randn(2, 4, 3, dtype=F64)), name),
+                  Case(f"{name} empty n = 0", lambda: fn(torch.randn(2, 0, 0, dtype=F64)), name)]
+    else:
+        cases += [Case(f"{name} empty n = 0", lambda: fn(torch.randn(3, 0, dtype=F64)), name)]
+    return cases
+
+
+def _tau_cases(fn: Callable, name: str = "tau") -> list[Case]:
+    """τ ≤ 0, NaN, inf, a tensor that would enlarge the batch, for ``fn(tau)``."""
+    return [
+        Case(f"{name} = 0", lambda: fn(0.0), name),
+        Case(f"{name} < 0", lambda: fn(-1.0), name),
+        Case(f"{name} NaN", lambda: fn(math.nan), name),
+        Case(f"{name} inf", lambda: fn(math.inf), name),
+        Case(f"{name} string", lambda: fn("1"), name),
+    ]
+
+
+def _int_cases(fn: Callable, name: str, low_bad: int, high_bad: int | None = None) -> list[Case]:
+    cases = [Case(f"{name} too small", lambda: fn(low_bad), name),
+             Case(f"{name} float", lambda: fn(1.5), name),
+             Case(f"{name} bool", lambda: fn(True), name)]
+    if high_bad is not None:
+        cases.append(Case(f"{name} too large", lambda: fn(high_bad), name))
+    return cases
+
+
+def _box_cases(fn: Callable, name: str) -> list[Case]:
+    return [Case(f"{name} not a Box", lambda: fn(LOWER), name)]
+
+
+def _argmax(u):
+    return torch.nn.functional.one_hot(u.argmax(-1), u.shape[-1]).to(u.dtype)
+
+
+def _graph():
+    return nx.DiGraph([(1, 0), (2, 0), (3, 1)])
+
+
+# --------------------------------------------------------------------------------------------
+# the catalogue
+# --------------------------------------------------------------------------------------------
+
+St = structured
+CATALOGUE: dict[str, list[Case]] = {
+    # the core ----------------------------------------------------------------------------
+    # perturb adds noise to a tensor of any shape (scalars, empty): only dtype and values
+    "perturb": _score_cases(lambda x: perturb.perturb(x, perturb.Gumbel()), "theta")[:4] + [
+        Case("noise not a Noise", lambda: perturb.perturb(V, "gumbel"), "noise"),
+        Case("n_samples 0", lambda: perturb.perturb(V, n_samples=0), "n_samples"),
+        Case("generator not a Generator", lambda: perturb.perturb(V, generator=0),
+             "generator"),
+    ],
+    "argmax": _score_cases(perturb.argmax, "w") + [
+        Case("structure not a Structure", lambda: perturb.argmax(V, "simplex"), "structure"),
+    ],
+    "regularized_argmax": _score_cases(perturb.regularized_argmax, "w")
+    + _tau_cases(lambda t: perturb.regularized_argmax(V, tau=t)) + [
+        Case("unknown backward", lambda: perturb.regularized_argmax(V, backward="magic"),
+             "backward"),
+        Case("regularizer not a Regularizer",
+             lambda: perturb.regularized_argmax(V, regularizer="entropy"), "regularizer"),
+        Case("unsupported pair", lambda: perturb.regularized_argmax(
+            S, St.Permutations(), perturb.ExpFamilyEntropy()), "permanent",
+            NotImplementedError),
+        Case("tau enlarging the batch", lambda: perturb.regularized_argmax(
+            V, tau=torch.ones(3, 1, dtype=F64)), "tau"),
+    ],
+    "relax": _score_cases(perturb.relax, "theta") + _tau_cases(lambda t: perturb.relax(V, tau=t))
+    + [Case("hard not a bool", lambda: perturb.relax(V, hard=1), "hard"),
+       Case("unknown backward", lambda: perturb.relax(V, backward="x"), "backward")],
+    "gumbel_softmax": _score_cases(perturb.gumbel_softmax, "logits")
+    + _tau_cases(lambda t: perturb.gumbel_softmax(V, t)) + [
+        Case("dim out of range", lambda: perturb.gumbel_softmax(V, dim=2), "dim"),
+        Case("hard not a bool", lambda: perturb.gumbel_softmax(V, hard="yes"), "hard"),
+    ],
+    "gaussian_softmax": _score_cases(perturb.gaussian_softmax, "logits")
+    + _tau_cases(lambda t: perturb.gaussian_softmax(V, t))
+    + _tau_cases(lambda s: perturb.gaussian_softmax(V, sigma=s), "sigma"),
+    "sparsemax": _score_cases(perturb.sparsemax, "x") + [
+        Case("dim out of range", lambda: perturb.sparsemax(V, dim=-3), "dim")],
+    "softmax": _score_cases(perturb.softmax, "x")
+    + _tau_cases(lambda t: perturb.softmax(V, tau=t)),
+    "perturbed": _score_cases(lambda x: perturb.perturbed(_argmax, x), "theta") + [
+        Case("argmax_fn not callable", lambda: perturb.perturbed(None, V), "argmax_fn"),
+        Case("argmax_fn wrong shape", lambda: perturb.perturbed(lambda u: u.sum(-1), V),
+             "argmax_fn"),
+        Case("n_samples 0", lambda: perturb.perturbed(_argmax, V, n_samples=0), "n_samples"),
+    ] + _tau_cases(lambda s: perturb.perturbed(_argmax, V, sigma=s), "sigma"),
+    "fenchel_young_loss": [
+        Case("y_true wrong shape", lambda: perturb.fenchel_young_loss(_argmax, V, V[:, :2]),
+             "y_true"),
+        Case("y_true enlarging the batch", lambda: perturb.fenchel_young_loss(
+            _argmax, V, V[None]), "y_true"),
+        Case("y_true NaN", lambda: perturb.fenchel_young_loss(_argmax, V, NAN_V), "y_true"),
+        Case("unknown reduction", lambda: perturb.fenchel_young_loss(
+            _argmax, V, _argmax(V), reduction="avg"), "reduction"),
+        Case("empty batch", lambda: perturb.fenchel_young_loss(
+            _argmax, V[:0], V[:0]), "theta"),
+    ],
+    "PerturbedOptimizer": [
+        Case("argmax_fn not callable", lambda: perturb.PerturbedOptimizer(3), "argmax_fn"),
+        Case("n_samples 0", lambda: perturb.PerturbedOptimizer(_argmax, n_samples=0),
+             "n_samples"),
+    ] + _tau_cases(lambda s: perturb.PerturbedOptimizer(_argmax, sigma=s), "sigma"),
+    "perturbed_optimizer": [
+        Case("unknown option", lambda: perturb.perturbed_optimizer(_argmax, bogus=1), "bogus",
+             TypeError),
+    ],
+    "register_solver": [
+        Case("structure type not a Structure subclass",
+             lambda: perturb.register_solver(int, perturb.Entropy), "Structure subclass",
+             TypeError),
+        Case("unknown backward mode", lambda: perturb.register_solver(
+            perturb.Simplex, perturb.Entropy, backward=("magic",)), "backward"),
+    ],
+    "register_unsupported": [
+        Case("regularizer type not a Regularizer subclass",
+             lambda: perturb.register_unsupported(perturb.Simplex, int, "no"),
+             "Regularizer subclass", TypeError),
+    ],
+    "Simplex": [Case("validate int scores", lambda: perturb.Simplex().validate(V.long()), "w")],
+    "Entropy": [Case("arguments", lambda: perturb.Entropy(1.0), "argument", TypeError)],
+    "SquaredNorm": [Case("arguments", lambda: perturb.SquaredNorm(1.0), "argument", TypeError)],
+    "BinaryEntropy": [Case("arguments", lambda: perturb.BinaryEntropy(1.0), "argument",
+                           TypeError)],
+    "ExpFamilyEntropy": [Case("arguments", lambda: perturb.ExpFamilyEntropy(1.0), "argument",
+                              TypeError)],
+    "Gumbel": _tau_cases(perturb.Gumbel, "scale"),
+    "Normal": _tau_cases(perturb.Normal, "scale"),
+    "Gaussian": _tau_cases(perturb.Gaussian, "scale"),
+    "Logistic": _tau_cases(perturb.Logistic, "scale"),
+    "Uniform": [Case("low >= high", lambda: perturb.Uniform(1.0, -1.0), "low"),
+                Case("NaN bound", lambda: perturb.Uniform(math.nan, 1.0), "low")],
+    "Discrete": [
+        Case("repeated values", lambda: perturb.Discrete([0.0, 0.0]), "values"),
+        Case("probs not summing to 1", lambda: perturb.Discrete([0.0, 1.0], [0.2, 0.2]),
+             "probs"),
+        Case("negative probs", lambda: perturb.Discrete([0.0, 1.0], [-0.5, 1.5]), "probs"),
+        Case("length mismatch", lambda: perturb.Discrete([0.0, 1.0], [1.0]), "probs"),
+    ],
+    "implicit_root": [
+        Case("optimality_fn not callable", lambda: perturb.implicit_root(None, V), "optimality"),
+        Case("unknown linear_solve", lambda: perturb.implicit_root(
+            lambda x: x, V, linear_solve="magic"), "linear_solve"),
+    ],
+    "finite_difference_solve": [
+        Case("eps <= 0", lambda: perturb.finite_difference_solve(lambda w: w, V, eps=-1.0),
+             "eps"),
+        Case("solve_fn not callable", lambda: perturb.finite_difference_solve(None, V),
+             "solve_fn"),
+    ],
+    "straight_through": [
+        Case("shapes that do not broadcast", lambda: perturb.straight_through(V, V[:, :2]),
+             "hard and soft"),
+    ],
+    "set_validation": [
+        Case("string", lambda: perturb.set_validation("false").__enter__(), "enabled"),
+    ],
+    # structured --------------------------------------------------------------------------
+    "Permutations": _int_cases(lambda n: St.Permutations(n_iters=n), "n_iters", 0)
+    + [Case("tol < 0", lambda: St.Permutations(tol=-1.0), "tol")],
+    "sinkhorn": _score_cases(St.sinkhorn, "log_alpha", matrix=True)
+    + _tau_cases(lambda t: St.sinkhorn(S, tau=t)) + [
+        Case("unknown backward", lambda: St.sinkhorn(S, backward="auto2"), "backward"),
+        Case("negative marginal", lambda: St.sinkhorn(S, a=-torch.ones(2, 4, dtype=F64),
+                                                      b=torch.ones(2, 4, dtype=F64)), "a"),
+        Case("marginal sums differ", lambda: St.sinkhorn(
+            S, a=torch.ones(2, 4, dtype=F64), b=2 * torch.ones(2, 4, dtype=F64)), "sum"),
+        Case("mask not bool", lambda: St.sinkhorn(S, mask=torch.ones(4, 4)), "mask"),
+        Case("tau enlarging the batch", lambda: St.sinkhorn(
+            S, tau=torch.ones(3, 1, dtype=F64)), "tau"),
+        Case("n_iters 0", lambda: St.sinkhorn(S, n_iters=0), "n_iters"),
+    ],
+    "gumbel_sinkhorn": _score_cases(St.gumbel_sinkhorn, "log_alpha", matrix=True),
+    "matching": _score_cases(St.matching, "w", matrix=True)[:-2],
+    "KSubset": _int_cases(St.KSubset, "k", 0),
+    "topk": _score_cases(lambda w: St.topk(w, 2), "w")
+    + _int_cases(lambda k: St.topk(V, k), "k", 0, 6),
+    "relaxed_topk": _score_cases(lambda w: St.relaxed_topk(w, 2), "w")
+    + _int_cases(lambda k: St.relaxed_topk(V, k), "k", 0, 6)
+    + _tau_cases(lambda t: St.relaxed_topk(V, 2, tau=t)),
+    "ksubset_log_partition": _score_cases(lambda w: St.ksubset_log_partition(w, 2), "w")
+    + _int_cases(lambda k: St.ksubset_log_partition(V, k), "k", -1, 6)
+    + _tau_cases(lambda t: St.ksubset_log_partition(V, 2, tau=t)),
+    "ksubset_marginals": _score_cases(lambda w: St.ksubset_marginals(w, 2), "w")
+    + _int_cases(lambda k: St.ksubset_marginals(V, k), "k", 0, 6)
+    + _tau_cases(lambda t: St.ksubset_marginals(V, 2, tau=t)),
+    "sample_ksubset": _score_cases(lambda w: St.sample_ksubset(w, 2), "w")
+    + _int_cases(lambda k: St.sample_ksubset(V, k), "k", 0, 6)
+    + [Case("n_samples 0", lambda: St.sample_ksubset(V, 2, n_samples=0), "n_samples")],
+    "SpanningTrees": [Case("validate non-square", lambda: St.SpanningTrees().validate(
+        torch.randn(2, 3, 4, dtype=F64)), "w")],
+    "Arborescences": _int_cases(lambda r: St.Arborescences(r), "root", -1),
+    "spanning_tree_marginals": _score_cases(St.spanning_tree_marginals, "w", matrix=True)
+    + _tau_cases(lambda t: St.spanning_tree_marginals(S, tau=t)),
+    "spanning_tree_log_partition": _score_cases(St.spanning_tree_log_partition, "w",
+                                                matrix=True),
+    "max_spanning_tree": _score_cases(St.max_spanning_tree, "w", matrix=True),
+    "arborescence_marginals": _score_cases(St.arborescence_marginals, "w", matrix=True)
+    + _int_cases(lambda r: St.arborescence_marginals(S, root=r), "root", -1, 4)
+    + [Case("root None", lambda: St.arborescence_marginals(S, root=None), "root")],
+    "arborescence_log_partition": _score_cases(St.arborescence_log_partition, "w", matrix=True)
+    + _int_cases(lambda r: St.arborescence_log_partition(S, root=r), "root", -1, 4),
+    "max_arborescence": _score_cases(St.max_arborescence, "w", matrix=True)
+    + _int_cases(lambda r: St.max_arborescence(S, root=r), "root", -1, 4),
+    "sample_spanning_tree": _score_cases(St.sample_spanning_tree, "w", matrix=True) + [
+        Case("unknown method", lambda: St.sample_spanning_tree(S, method="kruskal"), "method")],
+    "sample_arborescence": _score_cases(St.sample_arborescence, "w", matrix=True)
+    + _int_cases(lambda r: St.sample_arborescence(S, root=r), "root", -1, 4),
+    # boxes -------------------------------------------------------------------------------
+    "Box": [
+        Case("shape mismatch", lambda: Box(LOWER, UPPER[:, :2]), "shape"),
+        Case("int corners", lambda: Box(LOWER.long(), UPPER.long()), "lower"),
+        Case("NaN corner", lambda: Box(LOWER + math.nan, UPPER), "lower"),
+        Case("from_min_delta softplus_beta <= 0",
+             lambda: Box.from_min_delta(LOWER, UPPER, softplus_beta=0.0), "softplus_beta"),
+    ],
+    "join": _box_cases(lambda a: boxes.join(a, BOX), "a"),
+    "volume": _box_cases(boxes.volume, "box") + _tau_cases(
+        lambda b: boxes.volume(BOX, beta=b), "beta") + [
+        Case("unknown method", lambda: boxes.volume(BOX, method="fuzzy"), "method"),
+        Case("tau enlarging the batch", lambda: boxes.volume(BOX, beta=torch.ones(3, 1)),
+             "beta")],
+    "gumbel_side_length": _tau_cases(lambda b: boxes.gumbel_side_length(LOWER, UPPER, b),
+                                     "beta") + [
+        Case("int corners", lambda: boxes.gumbel_side_length(LOWER.long(), UPPER.long()),
+             "lower"),
+        Case("NaN corner", lambda: boxes.gumbel_side_length(LOWER, UPPER + math.nan), "upper")],
+    "log_gumbel_side_length": _tau_cases(
+        lambda b: boxes.log_gumbel_side_length(LOWER, UPPER, b), "beta"),
+    "intersection": _box_cases(lambda a: boxes.intersection(a, BOX), "a")
+    + _tau_cases(lambda b: boxes.intersection(BOX, BOX, beta=b), "beta"),
+    "containment_prob": _box_cases(lambda a: boxes.containment_prob(a, BOX), "a")
+    + _tau_cases(lambda b: boxes.containment_prob(BOX, BOX, beta=b), "beta"),
+    "log_containment_prob": _box_cases(lambda a: boxes.log_containment_prob(a, BOX), "a"),
+    "log1m_containment_prob": _box_cases(lambda a: boxes.log1m_containment_prob(a, BOX), "a"),
+    "overlap": _box_cases(lambda a: boxes.overlap(a, BOX), "a"),
+    "BoxEmbedding": _int_cases(lambda n: boxes.BoxEmbedding(n, 3), "num_entities", 0)
+    + _int_cases(lambda d: boxes.BoxEmbedding(5, d), "dim", 0) + [
+        Case("unknown parameterisation", lambda: boxes.BoxEmbedding(
+            5, 3, parameterisation="corners"), "parameterisation")],
+    "containment_loss": _box_cases(lambda p: boxes.containment_loss(p, BOX), "parent") + [
+        Case("unknown reduction", lambda: boxes.containment_loss(BOX, BOX, reduction="avg"),
+             "reduction")],
+    "overlap_loss": _box_cases(lambda a: boxes.overlap_loss(a, BOX), "a"),
+    "volume_regularizer": _box_cases(lambda b: boxes.volume_regularizer(b, 0.5), "box") + [
+        Case("unknown mode", lambda: boxes.volume_regularizer(BOX, 0.5, mode="x"), "mode")],
+    "sample_negatives": [
+        Case("pairs wrong shape", lambda: boxes.sample_negatives(torch.zeros(3, 3).long(), 5),
+             "pairs"),
+        Case("max_tries < 0", lambda: boxes.sample_negatives(
+            torch.tensor([[0, 1]]), 5, max_tries=-1), "max_tries"),
+        Case("unknown corrupt", lambda: boxes.sample_negatives(
+            torch.tensor([[0, 1]]), 5, corrupt="middle"), "corrupt"),
+    ],
+    "log1mexp": [Case("x > 0", lambda: boxes.log1mexp(torch.tensor([0.5])), "x")],
+    "BoxHierarchyModel": _int_cases(lambda n: boxes.BoxHierarchyModel(n, 3), "num_nodes", 0)
+    + [Case("unknown method", lambda: boxes.BoxHierarchyModel(4, 3, method="soft2"), "method")],
+    "train_hierarchy": [
+        Case("not a DiGraph", lambda: boxes.train_hierarchy([(1, 0)], 2), "graph"),
+        Case("accuracy_threshold > 1", lambda: boxes.train_hierarchy(
+            _graph(), 2, accuracy_threshold=2.0, progress=False), "accuracy_threshold"),
+        Case("grad_tol < 0", lambda: boxes.train_hierarchy(
+            _graph(), 2, grad_tol=-1.0, progress=False), "grad_tol"),
+        Case("volume_reg NaN", lambda: boxes.train_hierarchy(
+            _graph(), 2, volume_reg=math.nan, progress=False), "volume_reg"),
+        Case("negative_weight NaN", lambda: boxes.train_hierarchy(
+            _graph(), 2, negative_weight=math.nan, progress=False), "negative_weight"),
+    ],
+    "evaluate": [
+        Case("model not a BoxHierarchyModel", lambda: boxes.evaluate(
+            None, torch.tensor([[0, 1]]), torch.tensor([1.0])), "model")],
+    "all_pairs_f1": [
+        Case("model not a BoxHierarchyModel", lambda: boxes.all_pairs_f1(
+            None, torch.tensor([[0, 1]])), "model")],
+    # checks ------------------------------------------------------------------------------
+    "check_completeness": [
+        Case("noise not a distribution", lambda: checks.check_completeness("gumbel", 3),
+             "noise"),
+        Case("d < 2", lambda: checks.check_completeness(perturb.Gumbel(), 1), "d"),
+        Case("unknown kind", lambda: checks.check_completeness(perturb.Gumbel(), 3,
+                                                               kind="max"), "kind"),
+    ],
+    "check_minimality": [
+        Case("noise not a distribution", lambda: checks.check_minimality(3.0, 3), "noise"),
+        Case("eig_tol < 0", lambda: checks.check_minimality(perturb.Gumbel(), 3, eig_tol=-1.0),
+             "eig_tol"),
+    ],
+    "identify": [
+        Case("p not a distribution", lambda: checks.identify(
+            torch.tensor([0.5, 0.6], dtype=F64), perturb.Gumbel()), "p"),
+        Case("noise not a distribution", lambda: checks.identify(
+            torch.tensor([0.5, 0.5], dtype=F64), None), "noise"),
+    ],
+    # nn ----------------------------------------------------------------------------------
+    "StochasticSoftmax": _tau_cases(lambda t: nn.StochasticSoftmax(tau=t)) + [
+        Case("unknown eval_mode", lambda: nn.StochasticSoftmax(eval_mode="x"), "eval_mode")],
+    "GumbelSoftmax": _tau_cases(lambda t: nn.GumbelSoftmax(tau=t)),
+    "GaussianSoftmax": _tau_cases(lambda t: nn.GaussianSoftmax(tau=t)),
+    "ConstantSchedule": _tau_cases(lambda t: nn.ConstantSchedule(t)),
+    "ExponentialSchedule": _tau_cases(lambda t: nn.ExponentialSchedule(tau0=t), "tau0"),
+    "LinearSchedule": _tau_cases(lambda t: nn.LinearSchedule(tau0=t), "tau0")
+    + _int_cases(lambda n: nn.LinearSchedule(n_steps=n), "n_steps", 0),
+    # latent ------------------------------------------------------------------------------
+    "CategoricalVAE": _int_cases(lambda n: latent.CategoricalVAE(n_latents=n), "n_latents", 0),
+    "IVAE": [
+        Case("obs_scale 0", lambda: latent.IVAE(4, 2, 3, obs_scale=0.0), "obs_scale"),
+        Case("obs_scale < 0", lambda: latent.IVAE(4, 2, 3, obs_scale=-1.0), "obs_scale"),
+        Case("temperature NaN", lambda: latent.IVAE(4, 2, 3, temperature=math.nan),
+             "temperature"),
+        Case("unknown likelihood", lambda: latent.IVAE(4, 2, 3, likelihood="poisson"),
+             "likelihood"),
+    ],
+    "SubsetSelector": _int_cases(lambda k: latent.SubsetSelector(5, k, 2), "k", 0, 6),
+    "make_nonlinear_ica": [
+        Case("obs_noise < 0", lambda: latent.make_nonlinear_ica(obs_noise=-1.0), "obs_noise"),
+        Case("slope NaN", lambda: latent.make_nonlinear_ica(slope=math.nan), "slope"),
+    ],
+    "perturbed_binary": _score_cases(lambda x: latent.perturbed_binary(x, 0.5), "logits")[:4]
+    + [Case("temperature < 0", lambda: latent.perturbed_binary(V, -1.0), "temperature")],
+    "binarized_digits": [
+        Case("test_fraction > 1", lambda: latent.binarized_digits(test_fraction=1.5),
+             "test_fraction")],
+    "correlation_matrix": [
+        Case("shape mismatch", lambda: latent.correlation_matrix(V, V[:2]), "rows"),
+        Case("unknown method", lambda: latent.correlation_matrix(V, V, method="kendall"),
+             "method"),
+        Case("1-d input", lambda: latent.correlation_matrix(V[0], V[0]), "a"),
+    ],
+    "mean_corr_coef": [
+        Case("unknown method", lambda: latent.mean_corr_coef(V, V, method="kendall"),
+             "method")],
+}
+
+#: public callables with no argument to validate, with the reason
+NOTHING_TO_VALIDATE = {
+    "registered_pairs": "no arguments",
+    "support_table": "no arguments",
+    "validation_enabled": "no arguments",
+    "Structure": "abstract base class (subclasses are catalogued)",
+    "Regularizer": "abstract base class",
+    "Noise": "abstract base class",
+    "SinkhornConvergenceWarning": "a warning class",
+    "CompletenessReport": "result container",
+    "MinimalityReport": "result container",
+    "CompletenessWitness": "result container",
+    "MinimalityWitness": "result container",
+    "IdentifyResult": "result container",
+    "NonlinearICAData": "result container",
+    "TemperatureSchedule": "abstract base class",
+}
+
+PUBLIC = _public_callables()
+ALL_CASES = [(name, case) for name, cases in CATALOGUE.items() for case in cases]
+
+
+def test_every_public_name_has_an_entry():
+    missing = sorted(n for n in PUBLIC if n not in CATALOGUE and n not in NOTHING_TO_VALIDATE)
+    assert not missing, (f"public callables without bad-input cases: {missing}; add cases to "
+                         f"CATALOGUE (or a reason to NOTHING_TO_VALIDATE) in {HERE}")
+    stale = sorted(n for n in (*CATALOGUE, *NOTHING_TO_VALIDATE) if n not in PUBLIC)
+    assert not stale, f"entries for names that are not public (renamed?): {stale}"
+    assert all(CATALOGUE[n] for n in CATALOGUE), "an entry without cases"
+
+
+@pytest.mark.parametrize("name,case", ALL_CASES,
+                         ids=[f"{n}: {c.label}" for n, c in ALL_CASES])
+def test_bad_input_is_refused_with_a_clear_message(name, case):
+    with pytest.raises(case.exc, match=case.match):
+        case.call()
