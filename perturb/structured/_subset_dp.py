@@ -164,11 +164,13 @@ def _prepare(y: torch.Tensor, k: int, name: str = "w"):
 # conv: C[g, c] = Σ_i b[g, i] a[g, c − i], c < m_out        (merging two blocks)
 # corr: C[g, j] = Σ_i s[g, i] o[g, j + i], j < m             (a child's outside from its parent's)
 #
-# CPU float32: one depthwise conv1d (oneDNN). CPU, other dtypes: the outer product times a fixed
+# Two-entry operands (the leaves): elementwise. CPU float32: one depthwise conv1d (oneDNN). CPU, other dtypes: the outer product times a fixed
 # 0/1 matrix (one GEMM). Other devices: a gather of the band and a vecdot (plain multiply-adds,
 # so TF32 settings never apply).
 
-def _kernel(t: torch.Tensor) -> str:
+def _kernel(t: torch.Tensor, m: int) -> str:
+    if m == 2:
+        return "pair"
     if t.device.type != "cpu":
         return "band"
     return "conv1d" if t.dtype == torch.float32 else "gemm"
@@ -198,7 +200,10 @@ def _index(kind: str, m: int, m_out: int, device: torch.device, dtype: torch.dty
 def _conv(a: torch.Tensor, b: torch.Tensor, m_out: int) -> torch.Tensor:
     """C[g, c] = Σ_i b[g, i] a[g, c − i], c < m_out. ``a``, ``b``: ``(G, m)``, m ≤ m_out."""
     G, m = a.shape
-    kind = _kernel(a)
+    kind = _kernel(a, m)
+    if kind == "pair":                  # the leaf level: [a0 b0, a0 b1 + a1 b0, a1 b1][:m_out]
+        shifted = F.pad(a[:, :m_out - 1], (1, 0))
+        return b[:, :1] * F.pad(a, (0, m_out - 2)) + b[:, 1:] * shifted
     if kind == "conv1d":
         x = F.pad(a, (m - 1, m_out - m)).view(1, G, -1)
         w = b.index_select(1, _index("rev", m, 0, a.device, a.dtype)).view(G, 1, m)
@@ -214,7 +219,10 @@ def _corr(o: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """C[g, j] = Σ_i s[g, i] o[g, j + i], j < m. ``o``: ``(G, m_out)``, ``s``: ``(G, m)``."""
     G, m = s.shape
     m_out = o.shape[-1]
-    kind = _kernel(o)
+    kind = _kernel(o, m)
+    if kind == "pair":                  # the leaf level: [s0 o0 + s1 o1, s0 o1 + s1 o2]
+        o = F.pad(o, (0, 3 - m_out))
+        return s[:, :1] * o[:, :2] + s[:, 1:] * o[:, 1:]
     if kind == "conv1d":
         x = F.pad(o, (0, 2 * m - 1 - m_out)).view(1, G, -1)
         return F.conv1d(x, s.reshape(G, 1, m), groups=G).view(G, m)
@@ -225,42 +233,40 @@ def _corr(o: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vecdot(band, s[:, None, :])
 
 
-def _even(x: torch.Tensor, one: float) -> torch.Tensor:
-    """Append a block [one, 0, …] when the block count is odd. ``(B, nb, m)``."""
-    if x.shape[1] % 2 == 0:
-        return x
-    pad = F.pad(x.new_full((x.shape[0], 1, 1), one), (0, x.shape[-1] - 1))
-    return torch.cat([x, pad], 1)
-
-
 def _pairs(x: torch.Tensor, one: float):
-    """``(B, nb, m)`` -> (left, right) blocks, each ``(B·⌈nb/2⌉, m)``."""
-    x = _even(x, one)
-    v = x.view(-1, 2, x.shape[-1])
-    return v[:, 0], v[:, 1]
+    """Split a level ``(nb, B, m)`` into the blocks to merge: block q with block q + ⌈nb/2⌉ (any
+    pairing is valid, the product is commutative; this one makes both halves contiguous). An odd
+    count first gets the block [one, 0, …] appended. Returns (left, right), each ``(P·B, m)``."""
+    nb, B, m = x.shape
+    if nb % 2:
+        x = torch.cat([x, F.pad(x.new_full((1, B, 1), one), (0, m - 1))])
+    half = x.shape[0] // 2
+    return x[:half].view(-1, m), x[half:].view(-1, m)
 
 
 def _children(left: torch.Tensor, right: torch.Tensor, B: int, nb: int) -> torch.Tensor:
-    """Interleave per-child results ``(G, m)`` back to ``(B, nb, m)`` (dropping a pad block)."""
-    return torch.stack([left, right], 1).view(B, -1, left.shape[-1])[:, :nb]
+    """Per-child results ``(P·B, m)`` back to a level ``(nb, B, m)`` (dropping a pad block)."""
+    return torch.cat([left, right]).view(-1, B, left.shape[-1])[:nb]
 
 
 # --------------------------------------------------------------------------------------------
-# the passes (plain torch ops: autograd can run through them)
+# the passes (plain torch ops: autograd can run through them). Layout: a level is
+# (blocks, batch, count), position-major, so that the halves paired above are contiguous.
 # --------------------------------------------------------------------------------------------
 
-def _leaves(p: torch.Tensor) -> torch.Tensor:
-    return torch.stack([1 - p, p], -1)
+def _leaves(pt: torch.Tensor) -> torch.Tensor:
+    """The leaf level ``(n, B, 2)`` = [1 − p, p] from position-major p ``(n, B)``."""
+    return torch.stack([1 - pt, pt], -1)
 
 
 def _inside(x: torch.Tensor, k: int) -> list[torch.Tensor]:
-    """I per level, from the leaves ``(B, n, 2)`` to the root ``(B, 1, k+1)``."""
-    B = x.shape[0]
+    """I per level, from the leaves ``(n, B, 2)`` to the root ``(1, B, k+1)``."""
+    B = x.shape[1]
     levels = [x]
-    while x.shape[1] > 1:
+    while x.shape[0] > 1:
         left, right = _pairs(x, 1.0)
         m_out = min(k + 1, 2 * x.shape[-1] - 1)
-        x = _conv(left, right, m_out).view(B, -1, m_out)
+        x = _conv(left, right, m_out).view(-1, B, m_out)
         levels.append(x)
     return levels
 
@@ -268,10 +274,10 @@ def _inside(x: torch.Tensor, k: int) -> list[torch.Tensor]:
 def _outside(levels: list[torch.Tensor], k: int) -> list[torch.Tensor]:
     """O per level (same shapes as ``levels``), O_root = 1[j = k]."""
     root = levels[-1]
-    o = F.pad(root.new_ones(root.shape[0], 1, 1), (k, 0))
+    o = F.pad(root.new_ones(1, root.shape[1], 1), (k, 0))
     outs = [o]
     for x in reversed(levels[:-1]):
-        B, nb, _ = x.shape
+        nb, B, _ = x.shape
         left, right = _pairs(x, 1.0)
         parent = o.reshape(-1, o.shape[-1])
         o = _children(_corr(parent, right), _corr(parent, left), B, nb)
@@ -280,21 +286,21 @@ def _outside(levels: list[torch.Tensor], k: int) -> list[torch.Tensor]:
     return outs
 
 
-def _leaf_marginals(p: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-    """μ = p O[1] / (p O[1] + (1 − p) O[0]); ``o``: the leaves' outside ``(B, n, 2)``."""
-    take = p * o[..., 1]
-    return take / (take + (1 - p) * o[..., 0])
+def _leaf_marginals(pt: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """μ = p O[1] / (p O[1] + (1 − p) O[0]), position-major ``(n, B)``; ``o``: ``(n, B, 2)``."""
+    take = pt * o[..., 1]
+    return take / (take + (1 - pt) * o[..., 0])
 
 
 def _tangent_inside(levels, dx, k):
-    """İ per level along the leaf tangent ``dx`` ``(B, n, 2)``: İ = İ_L ∗ I_R + I_L ∗ İ_R."""
-    B = dx.shape[0]
+    """İ per level along the leaf tangent ``dx`` ``(n, B, 2)``: İ = İ_L ∗ I_R + I_L ∗ İ_R."""
+    B = dx.shape[1]
     dlev = [dx]
     for x, x_next in zip(levels[:-1], levels[1:]):
         left, right = _pairs(x, 1.0)
         dleft, dright = _pairs(dx, 0.0)
         m_out = x_next.shape[-1]
-        dx = (_conv(dleft, right, m_out) + _conv(left, dright, m_out)).view(B, -1, m_out)
+        dx = (_conv(dleft, right, m_out) + _conv(left, dright, m_out)).view(-1, B, m_out)
         dlev.append(dx)
     return dlev
 
@@ -304,7 +310,7 @@ def _tangent_outside(levels, outs, dlev):
     do = torch.zeros_like(outs[-1])
     douts = [do]
     for i in range(len(levels) - 2, -1, -1):
-        B, nb, _ = levels[i].shape
+        nb, B, _ = levels[i].shape
         left, right = _pairs(levels[i], 1.0)
         dleft, dright = _pairs(dlev[i], 0.0)
         o, dpar = outs[i + 1].reshape(-1, do.shape[-1]), do.reshape(-1, do.shape[-1])
@@ -319,17 +325,18 @@ def _marginals_vjp(p: torch.Tensor, levels: list[torch.Tensor], outs: list[torch
                    mu: torch.Tensor, g: torch.Tensor, k: int) -> torch.Tensor:
     """Cov_q(z) g: the symmetric Jacobian of the marginals applied to g. Pure; tests call it.
 
-    Shapes: p, mu, g ``(B, n)``; ``levels``/``outs`` as returned by :func:`_inside` and
-    :func:`_outside` for the leaves ``_leaves(p)``; output ``(B, n)``.
+    Shapes: p = σ(ys − ν), mu, g ``(B, n)``; ``levels``/``outs`` as returned by :func:`_inside`
+    and :func:`_outside` for the leaves ``_leaves(p.t())``; output ``(B, n)``.
     """
-    dp = p * (1 - p) * g
+    pt, mut = p.t(), mu.t()
+    dp = pt * (1 - pt) * g.t()
     dlev = _tangent_inside(levels, torch.stack([-dp, dp], -1), k)
     do = _tangent_outside(levels, outs, dlev)[0]
     o = outs[0]
-    den = p * o[..., 1] + (1 - p) * o[..., 0]
-    dtake = dp * o[..., 1] + p * do[..., 1]
-    dden = dtake - dp * o[..., 0] + (1 - p) * do[..., 0]
-    return (dtake - mu * dden) / den
+    den = pt * o[..., 1] + (1 - pt) * o[..., 0]
+    dtake = dp * o[..., 1] + pt * do[..., 1]
+    dden = dtake - dp * o[..., 0] + (1 - pt) * do[..., 0]
+    return ((dtake - mut * dden) / den).t()
 
 
 # --------------------------------------------------------------------------------------------
@@ -348,9 +355,9 @@ class _KSubsetMarginals(torch.autograd.Function):
     @staticmethod
     def forward(ys, nu, k):
         p = torch.sigmoid(ys - nu)
-        levels = _inside(_leaves(p), k)
+        levels = _inside(_leaves(p.t()), k)
         outs = _outside(levels, k)
-        return (_leaf_marginals(p, outs[0]), p, *levels, *outs)
+        return (_leaf_marginals(p.t(), outs[0]).t(), p, *levels, *outs)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -371,8 +378,8 @@ class _KSubsetMarginals(torch.autograd.Function):
 
 def _log_partition_tilted(ys: torch.Tensor, nu: torch.Tensor, k: int) -> torch.Tensor:
     """A(ys) = log P_ν(N = k) + Σ softplus(ys − ν) + kν, plain torch ops; ``(B, n) -> (B,)``."""
-    root = _inside(_leaves(torch.sigmoid(ys - nu)), k)[-1]
-    return (torch.log(root[:, 0, k]) + F.softplus(ys - nu).sum(-1) + k * nu[:, 0])
+    root = _inside(_leaves(torch.sigmoid(ys - nu).t()), k)[-1]
+    return torch.log(root[0, :, k]) + F.softplus(ys - nu).sum(-1) + k * nu[:, 0]
 
 
 class _KSubsetLogPartition(torch.autograd.Function):
@@ -502,23 +509,19 @@ def ksubset_marginals(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0) 
 def _sample_tree(levels: list[torch.Tensor], k: int, n_samples: int,
                  generator: torch.Generator | None) -> torch.Tensor:
     """Top-down splits of the count k; ``(n_samples, B, n)`` long 0/1 counts at the leaves."""
-    B = levels[0].shape[0]
-    count = torch.full((n_samples, B, 1), k, dtype=torch.long, device=levels[0].device)
+    B = levels[0].shape[1]
+    count = torch.full((n_samples, 1, B), k, dtype=torch.long, device=levels[0].device)
     for x in reversed(levels[:-1]):
-        nb = x.shape[1]
-        x = _even(x, 1.0)
-        _, nbp, m = x.shape
-        logx = x.log().view(B, nbp // 2, 2, m)
-        left, right = logx[:, :, 0], F.pad(logx[:, :, 1], (0, 1), value=-math.inf)
+        nb, _, m = x.shape
+        left, right = (t.view(-1, B, m).log() for t in _pairs(x, 1.0))
+        right = F.pad(right, (0, 1), value=-math.inf)                     # index m: log 0
         j = torch.arange(m, device=x.device)
-        rest = (count[..., None] - j).clamp(0, m)                         # c − j, or the pad
-        rest = torch.where(count[..., None] >= j, rest, m)
+        rest = torch.where(count[..., None] >= j, (count[..., None] - j).clamp_max(m), m)
         logits = left + torch.gather(right.expand(n_samples, -1, -1, -1), -1, rest)
         u = torch.rand(logits.shape, generator=generator, dtype=logits.dtype, device=x.device)
-        gumbel = -torch.log(-torch.log(u))
-        to_left = torch.argmax(logits + gumbel, -1)                       # Gumbel-max: exact
-        count = torch.stack([to_left, count - to_left], -1).view(n_samples, B, nbp)[..., :nb]
-    return count
+        to_left = torch.argmax(logits - torch.log(-torch.log(u)), -1)      # Gumbel-max: exact
+        count = torch.cat([to_left, count - to_left], 1)[:, :nb]
+    return count.transpose(1, 2)
 
 
 def sample_ksubset(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0,
@@ -557,7 +560,7 @@ def sample_ksubset(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0,
         S = 1 if n_samples is None else n_samples
         if yw.shape[0]:
             ys, _, nu = _prepare(yw, k)
-            levels = _inside(_leaves(torch.sigmoid(ys - nu)), k)
+            levels = _inside(_leaves(torch.sigmoid(ys - nu).t()), k)
             out = _sample_tree(levels, k, S, generator).to(w.dtype)
         else:
             out = yw.new_zeros((S,) + yw.shape).to(w.dtype)
