@@ -8,9 +8,10 @@
     sum of the last k columns of the relaxed permutation matrix. It materialises a
     (B, n, n) matrix per layer of a bitonic network (O(B n² log² n) memory traffic), so at
     (256, 1000) it is out of reach; it is compared at (32, 128) instead.
-- the exponential-family DP (``ksubset_marginals``) as n and k grow, timed with one intra-op
-  thread: rows report our time only and the fitted log-log slopes go in the note (expected ≈ 1
-  in n and ≲ 1 in k: O(nk) work, but the per-position Python loop makes small k overhead-bound).
+- the exponential-family DP (issue 13): the log-depth tree (``ksubset_marginals`` fwd+bwd) at
+  256x1000, k = 10, against the closed-form Entropy relaxation of the same batch and against the
+  former sequential DP (``_SequentialMarginals``, n steps) as a "before" row, with dispatched-op
+  counts; its scaling in n (250 … 4000, k = 10) and in k (n = 1000); ``sample_ksubset``.
 
 Both sides run in the same process, interleaved, same inputs; times are medians.
 """
@@ -20,9 +21,10 @@ import math
 
 import torch
 
-from bench._timing import row, time_ms
+from bench._timing import count_ops, device, row, time_interleaved, time_ms
 from perturb import BinaryEntropy, Entropy, ExpFamilyEntropy, SquaredNorm
-from perturb.structured.subsets import ksubset_marginals, relaxed_topk
+from perturb.structured import _subset_dp
+from perturb.structured.subsets import ksubset_marginals, relaxed_topk, sample_ksubset
 
 REGS = {"ExpFamilyEntropy (DP)": ExpFamilyEntropy(), "Entropy": Entropy(),
         "BinaryEntropy": BinaryEntropy(), "SquaredNorm": SquaredNorm()}
@@ -72,6 +74,63 @@ def _slope(xs, ts):
             / sum((a - mx) ** 2 for a in lx))
 
 
+def _dp_rows(quick: bool) -> list[dict]:
+    """Issue 13: the log-depth DP vs the Entropy relaxation and vs the former sequential DP."""
+    dev = device()
+    B, n, k = (64, 1000, 10) if quick else (256, 1000, 10)
+    repeat = 5 if quick else 9
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(B, n, generator=gen).to(dev).requires_grad_(True)
+    g = torch.randn(B, n, generator=gen).to(dev)
+    tree = _step(lambda v: ksubset_marginals(v, k, 0.5), x, g)
+    ent = _step(lambda v: relaxed_topk(v, k, 0.5, Entropy()), x, g)
+    seq = _step(lambda v: _subset_dp._SequentialMarginals.apply(v / 0.5, k)[0], x, g)
+    t = time_interleaved({"tree": tree, "ent": ent, "seq": seq}, repeat=repeat, warmup=1)
+    ops = {name: count_ops(f) for name, f in (("tree", tree), ("ent", ent), ("seq", seq))}
+    size = f"{B}x{n} f32 k={k}, fwd+bwd"
+    rows = [
+        row(f"DP marginals, log-depth tree ({size})", t["tree"], "Entropy relaxation (closed form)",
+            t["ent"], note=f"peer ops/call {ops['ent']}; target ratio ≤ 2, ops ≤ 600",
+            ops=ops["tree"]),
+        row(f"DP marginals, former sequential DP ({size})", t["seq"],
+            "Entropy relaxation (closed form)", t["ent"], note="before issue 13 (n steps)",
+            ops=ops["seq"]),
+        row(f"DP marginals, tree vs sequential ({size})", t["tree"], "former sequential DP",
+            t["seq"], note="speed-up = 1/ratio"),
+    ]
+    # scaling in n (k = 10) and in k (n = 1000)
+    Bd = 16 if quick else 64
+    ns = [250, 500, 1000, 2000] if quick else [250, 500, 1000, 2000, 4000]
+    ks = [4, 16, 64] if quick else [5, 10, 20, 40, 80]
+    fns, sizes = {}, {}
+    for nn in ns:
+        v = torch.randn(Bd, nn, generator=gen).to(dev).requires_grad_(True)
+        w = torch.randn(Bd, nn, generator=gen).to(dev)
+        fns[f"n{nn}"] = _step(lambda a: ksubset_marginals(a, 10), v, w)
+    for kk in ks:
+        v = torch.randn(Bd, 1000, generator=gen).to(dev).requires_grad_(True)
+        w = torch.randn(Bd, 1000, generator=gen).to(dev)
+        fns[f"k{kk}"] = (lambda kk, v, w: _step(lambda a: ksubset_marginals(a, kk), v, w))(kk, v, w)
+    t = time_interleaved(fns, repeat=3 if quick else 5, warmup=1)
+    sn = _slope(ns, [t[f"n{nn}"] for nn in ns])
+    sk = _slope(ks, [t[f"k{kk}"] for kk in ks])
+    for nn in ns:
+        rows.append(row(f"DP marginals fwd+bwd B={Bd} n={nn} k=10", t[f"n{nn}"], "—", None,
+                        note=f"log-log slope in n: {sn:.2f}"))
+    for kk in ks:
+        rows.append(row(f"DP marginals fwd+bwd B={Bd} n=1000 k={kk}", t[f"k{kk}"], "—", None,
+                        note=f"log-log slope in k: {sk:.2f}"))
+    # exact sampling
+    w = torch.randn(B, n, generator=gen).to(dev)
+    S = 16
+    ts = time_ms(lambda: sample_ksubset(w, k, n_samples=S, generator=None), repeat=repeat,
+                 warmup=1)
+    rows.append(row(f"sample_ksubset {B}x{n} k={k}, {S} samples", ts, "—", None,
+                    note="exact, top-down through the tree (log n steps)",
+                    ops=count_ops(lambda: sample_ksubset(w, k, n_samples=S))))
+    return rows
+
+
 def run(quick: bool = False) -> list[dict]:
     torch.manual_seed(0)
     B, n, k = (64, 1000, 10) if quick else (256, 1000, 10)
@@ -118,34 +177,7 @@ def run(quick: bool = False) -> list[dict]:
                               "diffsort bitonic top-k", ds, xs, gs, repeat,
                               note="peer: last k columns of the relaxed permutation"))
 
-    # DP scaling in n (k fixed) and in k (n fixed)
-    Bd = 16 if quick else 64
-    ns = [125, 250, 500, 1000] if quick else [250, 500, 1000, 2000]
-    ks = [4, 8, 16, 32] if quick else [5, 10, 20, 40, 80]
-    # one intra-op thread: each DP step is a handful of small ops, and on a shared machine the
-    # wake-up of a second OpenMP thread per op (not the work) otherwise dominates and hides the
-    # O(nk) scaling. Restored afterwards.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        t_n, t_k = [], []
-        for nn in ns:
-            v = torch.randn(Bd, nn, requires_grad=True)
-            t_n.append(time_ms(_step(lambda a: ksubset_marginals(a, 10), v, torch.randn(Bd, nn)),
-                               repeat=repeat, warmup=1))
-        for kk in ks:
-            v = torch.randn(Bd, 1000, requires_grad=True)
-            t_k.append(time_ms(_step(lambda a: ksubset_marginals(a, kk), v,
-                                     torch.randn(Bd, 1000)), repeat=repeat, warmup=1))
-    finally:
-        torch.set_num_threads(threads)
-    sn, sk = _slope(ns, t_n), _slope(ks, t_k)
-    for nn, t in zip(ns, t_n):
-        rows.append(row(f"DP marginals fwd+bwd B={Bd} n={nn} k=10 (1 thread)", t, "—", None,
-                        note=f"log-log slope in n: {sn:.2f}"))
-    for kk, t in zip(ks, t_k):
-        rows.append(row(f"DP marginals fwd+bwd B={Bd} n=1000 k={kk} (1 thread)", t, "—", None,
-                        note=f"log-log slope in k: {sk:.2f}"))
+    rows += _dp_rows(quick)
     return rows
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import perturb
 from perturb import BinaryEntropy, Entropy, ExpFamilyEntropy, SquaredNorm
 from perturb.structured import KSubset, relaxed_topk, topk
-from perturb.structured._subset_dp import _KSubsetMarginals, _marginals_jvp
+from perturb.structured import _subset_dp as dp
 from perturb.structured.subsets import (
     _capped_forward,
     _capped_root,
@@ -155,12 +155,14 @@ def test_marginals_are_gradient_of_log_partition(seed):
 
 
 def test_marginal_jacobian_is_the_covariance(seed):
-    """The forward-mode backward helper applies Cov_q(z); compared with enumeration."""
+    """The tangent backward helper applies Cov_q(z); compared with enumeration."""
     n, k = 7, 3
     y = torch.randn(2, n, dtype=torch.float64)
     g = torch.randn(2, n, dtype=torch.float64)
-    mu, yt, alpha, beta = _KSubsetMarginals.apply(y, k)
-    out = _marginals_jvp(yt, alpha, beta, mu.t(), g.t(), k).t()
+    ys, _, nu = dp._prepare(y, k)
+    mu, p, *tables = dp._KSubsetMarginals.apply(ys, nu, k)
+    half = len(tables) // 2
+    out = dp._marginals_vjp(p, tables[:half], tables[half:], mu, g, k)
     for b in range(2):
         cov = _brute(y[b], k)[2]
         torch.testing.assert_close(out[b], cov @ g[b], rtol=1e-10, atol=1e-12)
