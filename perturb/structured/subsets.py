@@ -180,12 +180,15 @@ def _capped_root(y: torch.Tensor, k: int, kind: str, max_iter: int = 200) -> tor
     else:
         lo, hi = top[..., k:k + 1] - math.log(k), yk + math.log(n - k)
     eps = torch.finfo(y.dtype).eps
-    tol = 4 * eps * k * max(1.0, math.log2(n))
+    # the residual Σφ − k is accumulated in float64: a float32 sum of n terms is only good to
+    # ~log2(n) ε k, which would leave the returned x off its constraint by that much
+    acc = torch.float64
+    tol = 2 * eps * k * (max(1.0, math.log2(n)) if y.dtype == torch.float64 else 1.0)
     nu = yk - 0.5 if kind == "euclidean" else 0.5 * (lo + hi)
     h_prev = torch.full_like(nu, math.inf)
     for _ in range(max_iter):
         v, d = _link(y - nu, kind)
-        h = v.sum(-1, keepdim=True) - k
+        h = (v.sum(-1, keepdim=True, dtype=acc) - k).to(y.dtype)
         slope = d.sum(-1, keepdim=True)
         lo = torch.where(h > 0, nu, lo)
         hi = torch.where(h < 0, nu, hi)
@@ -226,7 +229,10 @@ def _capped_forward(y: torch.Tensor, k: int, kind: str) -> torch.Tensor:
     are small numbers that float32 resolves even when |y| ~ 1e7."""
     y = y - torch.topk(y, k, dim=-1).values[..., -1:]
     if kind == "entropy":
-        return _entropy_capped(y, k)
+        # an entry ≥ log n above the k-th largest is clipped at 1 (otherwise the n − k + 1
+        # entries from the k-th on would each hold < 1/n and the sum fall short of k), so
+        # clamping there leaves x unchanged and keeps T_m − s_m resolvable in float32
+        return _entropy_capped(y.clamp(max=math.log(y.shape[-1]) + 1.0), k)
     nu = _capped_root(y, k, kind)
     return _link(y - nu, kind)[0]
 
