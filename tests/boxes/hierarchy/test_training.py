@@ -235,3 +235,90 @@ def test_bad_hyper_parameters_name_the_argument(kw, match):
 def test_unknown_keyword_is_a_type_error():
     with pytest.raises(TypeError, match="epochz"):
         train_hierarchy(balanced_tree(2, 2), 2, epochz=1, progress=False)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+_RUN = dict(epochs=6, batch_size=16, negatives_per_positive=4, seed=7, progress=False,
+            diagnostics_every=2, checkpoint_every=1)
+_KILLED_RUN = """
+import os, signal, sys, torch
+torch.set_num_threads(1)
+from perturb.boxes.hierarchy import random_dag, train_hierarchy
+path, kill_after = sys.argv[1], int(sys.argv[2])
+def hook(epoch, trainer):
+    if epoch == kill_after:
+        os.kill(os.getpid(), signal.SIGKILL)      # no clean-up, no atexit: a hard crash
+train_hierarchy(random_dag(40, 0.1, seed=3), 3, checkpoint=path, resume=True,
+                on_epoch_end=hook, **%r)
+""" % (_RUN,)
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_killed_run_resumes_bit_identically(tmp_path, one_thread):
+    """A run killed (SIGKILL) after epoch 3 and resumed from its checkpoint ends with exactly
+    the parameters, optimizer state and history of a run that was never interrupted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parents[3])
+    path = tmp_path / "run.ckpt"
+    env = {**os.environ, "PYTHONPATH": root}
+    out = subprocess.run([sys.executable, "-c", _KILLED_RUN, str(path), "3"], env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    assert path.is_file() and not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
+    g = random_dag(40, 0.1, seed=3)
+    resumed = train_hierarchy(g, 3, checkpoint=path, resume=True, **_RUN)
+    straight = train_hierarchy(g, 3, **_RUN)
+    for name, p in straight.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[name], p), name
+    a, b = resumed.history, straight.history
+    assert a.step_loss == b.step_loss and a.loss == b.loss
+    assert a.diagnostic_steps == b.diagnostic_steps and a.stalled_fraction == b.stalled_fraction
+    assert a.volume_quantiles == b.volume_quantiles and len(a.seconds) == 6
+    # resuming a finished run trains no more; a longer run continues from it
+    again = train_hierarchy(g, 3, checkpoint=path, resume=True, **_RUN)
+    assert torch.equal(again.model.embedding.param1, straight.model.embedding.param1)
+    longer = train_hierarchy(g, 3, checkpoint=path, resume=True, **{**_RUN, "epochs": 7})
+    assert len(longer.history.loss) == 7
+
+
+def test_resume_refuses_another_run(tmp_path):
+    g = random_dag(30, 0.1, seed=0)
+    path = tmp_path / "c.pt"
+    kw = dict(epochs=1, batch_size=16, seed=0, progress=False)
+    train_hierarchy(g, 2, checkpoint=path, **kw)
+    with pytest.raises(ValueError, match="lr"):
+        train_hierarchy(g, 2, checkpoint=path, resume=True, **{**kw, "lr": 0.1})
+    with pytest.raises(ValueError, match="other data"):
+        train_hierarchy(g, 2, checkpoint=path, resume=True, train_edges=list(g.edges), **kw)
+    with pytest.raises(ValueError, match="checkpoint"):
+        train_hierarchy(g, 2, resume=True, **kw)
+    # no file yet: resume=True starts from scratch
+    fresh = train_hierarchy(g, 2, checkpoint=tmp_path / "new.pt", resume=True, **kw)
+    assert len(fresh.history.loss) == 1 and (tmp_path / "new.pt").is_file()
+
+
+def test_atomic_save_keeps_the_old_file_when_a_write_fails(tmp_path):
+    from perturb.boxes.hierarchy.io import atomic_save
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("disk full")
+
+    path = tmp_path / "ckpt.pt"
+    atomic_save({"epoch": 1}, path)
+    with pytest.raises(RuntimeError, match="disk full"):
+        atomic_save({"epoch": 2, "bad": Unpicklable()}, path)
+    assert torch.load(path, weights_only=True) == {"epoch": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
