@@ -18,13 +18,13 @@ from perturb.boxes.hierarchy.evaluation import (EvalResult, SplitEval, all_pairs
 from perturb.boxes.hierarchy.graphs import (balanced_tree, check_hierarchy, check_pairs,
                                             edge_index, random_dag, random_tree, sub_hierarchy,
                                             transitive_closure, transitive_reduction)
-from perturb.boxes.hierarchy.io import SavedModel, load_model, save_model
+from perturb.boxes.hierarchy.io import SavedModel, load_checkpoint, load_model, save_model
 from perturb.boxes.hierarchy.model import BoxHierarchyModel, PairScores
 from perturb.boxes.hierarchy.rng import resolve_generator
 from perturb.boxes.hierarchy.splits import (BenchmarkSplit, HierarchySplit, dasgupta_split,
                                             split_hierarchy)
 from perturb.boxes.hierarchy.training import (VOLUME_QUANTILES, Trainer, TrainHistory,
-                                              TrainResult, load_checkpoint, train_hierarchy)
+                                              TrainResult, train_hierarchy)
 from perturb.boxes.hierarchy.wordnet import (DEFAULT_WORDNET_DIR, WordNetSynset,
                                              read_wordnet_index, read_wordnet_nouns,
                                              wordnet_dir, wordnet_noun_hierarchy)

@@ -45,11 +45,10 @@ from torch import nn
 from perturb._validation import check_choice, check_int
 from perturb.boxes.hierarchy.config import HierarchyConfig
 from perturb.boxes.hierarchy.graphs import check_pairs
-from perturb.boxes.hierarchy.io import atomic_save
+from perturb.boxes.hierarchy.io import atomic_save, checkpoint_header, load_checkpoint
 from perturb.boxes.hierarchy.model import BoxHierarchyModel, PairScores
 from perturb.boxes.hierarchy.rng import resolve_generator
 from perturb.boxes.hierarchy.training import (Trainer, TrainHistory, TrainResult,
-                                              checkpoint_header, load_checkpoint,
                                               resolve_config, training_pairs)
 from perturb.boxes.losses import PairSet
 

@@ -5,6 +5,9 @@ then ``os.replace``), so a process killed while writing leaves the previous file
 both hold plain Python values and tensors only, so they load with
 ``torch.load(weights_only=True)`` (no code runs while loading).
 
+Checkpoints (``train_hierarchy(..., checkpoint=path)``) hold the trainer's state plus a header
+(:func:`checkpoint_header`) that :func:`load_checkpoint` compares with the run that resumes.
+
 A saved model holds the boxes (the ``BoxHierarchyModel`` state dict), the node labels (str,
 int, float, bool or tuples of them) and the training :class:`HierarchyConfig` when given::
 
@@ -17,17 +20,21 @@ from __future__ import annotations
 
 import os
 import tempfile
+import zlib
 from typing import Any, NamedTuple
 
 import torch
 
-from perturb.boxes.hierarchy.config import HierarchyConfig
+from perturb.boxes.hierarchy.config import RESUMABLE_CHANGES, HierarchyConfig
 from perturb.boxes.hierarchy.model import BoxHierarchyModel
 
-__all__ = ["atomic_save", "save_model", "load_model", "SavedModel", "MODEL_FORMAT"]
+__all__ = ["atomic_save", "save_model", "load_model", "SavedModel", "MODEL_FORMAT",
+           "checkpoint_header", "load_checkpoint", "CHECKPOINT_FORMAT"]
 
 #: ``format`` entry of a saved model file.
 MODEL_FORMAT = "perturb.boxes.hierarchy.model/1"
+#: ``format`` entry of a training checkpoint (written by the trainers).
+CHECKPOINT_FORMAT = "perturb.boxes.hierarchy.checkpoint/1"
 _LABEL_TYPES = (str, int, float, bool)
 
 
@@ -111,3 +118,40 @@ def load_model(path: str | os.PathLike, *, device: torch.device | str | None = N
     model.eval()
     config = None if data["config"] is None else HierarchyConfig.from_dict(data["config"])
     return SavedModel(model, config)
+
+
+def checkpoint_header(config: HierarchyConfig, positives: torch.Tensor, num_nodes: int
+                      ) -> dict[str, Any]:
+    """What a checkpoint records about its run, to refuse resuming a different one."""
+    return {"format": CHECKPOINT_FORMAT, "config": config.to_dict(), "num_nodes": num_nodes,
+            "positives": int(positives.shape[0]), "positives_crc": _crc(positives)}
+
+
+def load_checkpoint(path: str | os.PathLike, header: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
+    """Read a checkpoint (``torch.load(weights_only=True)``, tensors on the CPU) and, given the
+    ``header`` of the run that wants to resume, check that it is the same run.
+
+    Raises:
+        ValueError: not a checkpoint; a different config (besides ``epochs``,
+            ``checkpoint_every``, ``eval_every``), number of nodes or training pairs.
+    """
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{os.fspath(path)} is not a hierarchy training checkpoint")
+    if header is not None:
+        diff = HierarchyConfig.from_dict(state["config"]).differences(
+            HierarchyConfig.from_dict(header["config"]), ignore=RESUMABLE_CHANGES)
+        if diff:
+            raise ValueError(f"cannot resume from {os.fspath(path)}: the config differs in "
+                             + ", ".join(f"{k} (checkpoint {a!r}, now {b!r})"
+                                         for k, (a, b) in diff.items()))
+        for key in ("num_nodes", "positives", "positives_crc"):
+            if state[key] != header[key]:
+                raise ValueError(f"cannot resume from {os.fspath(path)}: it was trained on "
+                                 f"other data ({key}: {state[key]} vs {header[key]})")
+    return state
+
+
+def _crc(t: torch.Tensor) -> int:
+    return zlib.crc32(t.detach().cpu().contiguous().numpy().tobytes())

@@ -44,7 +44,6 @@ import dataclasses
 import math
 import os
 import time
-import zlib
 from typing import Any, Callable, NamedTuple
 
 import networkx as nx
@@ -52,11 +51,11 @@ import torch
 
 from perturb._validation import set_validation
 from perturb.boxes.box import Box
-from perturb.boxes.hierarchy.config import RESUMABLE_CHANGES, HierarchyConfig
+from perturb.boxes.hierarchy.config import HierarchyConfig
 from perturb.boxes.hierarchy.evaluation import score_pairs
 from perturb.boxes.hierarchy.graphs import (check_hierarchy, check_pairs, edge_index,
                                             transitive_closure)
-from perturb.boxes.hierarchy.io import atomic_save
+from perturb.boxes.hierarchy.io import atomic_save, checkpoint_header, load_checkpoint
 from perturb.boxes.hierarchy.model import BoxHierarchyModel, PairScores
 from perturb.boxes.hierarchy.rng import resolve_generator, spawn_generator
 from perturb.boxes.losses import PairSet, negative_nll, sample_negatives
@@ -70,15 +69,11 @@ __all__ = [
     "training_pairs",
     "pair_losses",
     "stalled_pairs",
-    "load_checkpoint",
-    "CHECKPOINT_FORMAT",
     "VOLUME_QUANTILES",
 ]
 
 #: Quantile levels of the log-volume distribution recorded each epoch.
 VOLUME_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
-#: ``format`` entry of a checkpoint file.
-CHECKPOINT_FORMAT = "perturb.boxes.hierarchy.checkpoint/1"
 #: −log p of a hard positive pair whose boxes are disjoint (p = 0): finite, zero gradient.
 HARD_LOG_FLOOR = -100.0
 _ACCURACY_SAMPLE = 65536
@@ -226,10 +221,6 @@ def _adam(model: BoxHierarchyModel, lr: float) -> torch.optim.Optimizer:
         return torch.optim.Adam(model.parameters(), lr=lr, fused=True)
     except (RuntimeError, ValueError):
         return torch.optim.Adam(model.parameters(), lr=lr)
-
-
-def _crc(t: torch.Tensor) -> int:
-    return zlib.crc32(t.detach().cpu().contiguous().numpy().tobytes())
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -405,41 +396,6 @@ class Trainer:
         self.generator.set_state(state["generator"])
         self.epoch, self.step_count = int(state["epoch"]), int(state["step"])
         self.history = TrainHistory(**state["history"])
-
-
-# ----------------------------------------------------------------------------- checkpoints
-
-def checkpoint_header(config: HierarchyConfig, positives: torch.Tensor, num_nodes: int
-                      ) -> dict[str, Any]:
-    """What a checkpoint records about its run, to refuse resuming a different one."""
-    return {"format": CHECKPOINT_FORMAT, "config": config.to_dict(), "num_nodes": num_nodes,
-            "positives": int(positives.shape[0]), "positives_crc": _crc(positives)}
-
-
-def load_checkpoint(path: str | os.PathLike, header: dict[str, Any] | None = None
-                    ) -> dict[str, Any]:
-    """Read a checkpoint (``torch.load(weights_only=True)``, tensors on the CPU) and, given the
-    ``header`` of the run that wants to resume, check that it is the same run.
-
-    Raises:
-        ValueError: not a checkpoint; a different config (besides ``epochs``,
-            ``checkpoint_every``, ``eval_every``), number of nodes or training pairs.
-    """
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{os.fspath(path)} is not a hierarchy training checkpoint")
-    if header is not None:
-        diff = HierarchyConfig.from_dict(state["config"]).differences(
-            HierarchyConfig.from_dict(header["config"]), ignore=RESUMABLE_CHANGES)
-        if diff:
-            raise ValueError(f"cannot resume from {os.fspath(path)}: the config differs in "
-                             + ", ".join(f"{k} (checkpoint {a!r}, now {b!r})"
-                                         for k, (a, b) in diff.items()))
-        for key in ("num_nodes", "positives", "positives_crc"):
-            if state[key] != header[key]:
-                raise ValueError(f"cannot resume from {os.fspath(path)}: it was trained on "
-                                 f"other data ({key}: {state[key]} vs {header[key]})")
-    return state
 
 
 # ----------------------------------------------------------------------------- entry point
