@@ -1,20 +1,33 @@
-"""Gumbel boxes: intersection + log volume, forward and backward, against box-embeddings.
+"""Gumbel boxes: intersection + log volume, forward and backward, against box-embeddings; and
+the box-hierarchy trainer's epoch.
 
 Workload: 65,536 pairs of 32-d boxes (float32); the Gumbel intersection of each pair and the
 log of its expected volume, summed, then backward to both boxes' corners. The peer is the
 ``box-embeddings`` library (``GumbelIntersection`` + ``BesselApproxVolume``), which uses the
 softplus approximation of the Bessel volume; we compare against our ``approx=True`` path
 (same formula, same temperatures) and report separately what the exact Bessel volume costs.
+
+Trainer rows (issue 14): one epoch of ``train_hierarchy`` over the WordNet noun hierarchy's
+edges (84,427 ``@``/``@i`` edges, 82,115 boxes; batch 512, 10 negatives per positive, d = 10,
+Gumbel boxes), the median epoch time over a few epochs, against the trainer before the
+device-resident rewrite (commit 05c18ae), whose epoch was measured on the same 2-core machine
+(:data:`OLD_EPOCH_MS`). Without WordNet the rows use a random tree of the same size. Host
+synchronisations are counted on one training step.
 """
 from __future__ import annotations
 
 import torch
 
-from bench._timing import row, time_ms
+import statistics
+
+from bench._timing import count_syncs, device, row, time_ms
 from perturb._validation import set_validation
 from perturb.boxes import Box, intersection, volume
 
 BETA = 0.1
+#: The old trainer's epoch (batch 512, WordNet nouns) on this 2-core machine: median of 5
+#: epochs measured on 2026-11-23 (3.8–6.4 s, machine shared; the issue recorded 5.0–7.7 s).
+OLD_EPOCH_MS = 6000.0
 
 
 def _data(n: int, d: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -57,6 +70,53 @@ def _fwd_bwd(fn, tensors):
     return step
 
 
+def _hierarchy_graph():
+    from perturb.boxes.hierarchy import random_tree, wordnet_dir, wordnet_noun_hierarchy
+    if (wordnet_dir() / "data.noun").is_file() and (wordnet_dir() / "index.noun").is_file():
+        g = wordnet_noun_hierarchy()
+        return g, f"WordNet nouns, {g.number_of_edges():,} edges, {g.number_of_nodes():,} boxes"
+    g = random_tree(82115, seed=0)
+    return g, (f"random tree standing in for WordNet (not installed), {g.number_of_edges():,} "
+               f"edges, {g.number_of_nodes():,} boxes")
+
+
+def _trainer_rows(quick: bool) -> list[dict]:
+    from perturb.boxes.hierarchy import (BoxHierarchyModel, HierarchyConfig, Trainer,
+                                         edge_index, train_hierarchy)
+    from perturb.boxes.losses import PairSet
+    graph, what = _hierarchy_graph()
+    dev = device()
+    epochs = 2 if quick else 4
+    rows = []
+    for batch in (512, 4096):
+        cfg = HierarchyConfig(dim=10, epochs=epochs, batch_size=batch, negatives_per_positive=10,
+                              closure=False, seed=0)
+        res = train_hierarchy(graph, config=cfg, device=dev, progress=False)
+        secs = res.history.seconds[1:] if len(res.history.seconds) > 1 else res.history.seconds
+        epoch_ms = 1e3 * statistics.median(secs)
+        steps = len(res.history.step_loss) // epochs
+        # host synchronisations of one step (diagnostics off, the common step)
+        n = graph.number_of_nodes()
+        pos = edge_index(graph).to(dev)
+        model = BoxHierarchyModel(n, device=dev, **cfg.model_kwargs())
+        trainer = Trainer(model, pos, PairSet(pos, n, include_self=True), cfg,
+                          torch.Generator(device=dev).manual_seed(0))
+
+        def one_step():
+            with set_validation(False):
+                trainer.step(pos[:batch])
+        syncs = count_syncs(one_step)
+        old = OLD_EPOCH_MS if batch == 512 else None
+        rows.append(row(f"hierarchy trainer epoch ({what}; batch {batch}, 10 negatives, d=10, "
+                        f"Gumbel, {dev.type})", epoch_ms,
+                        "old trainer (05c18ae), recorded" if old else "—", old,
+                        syncs=syncs,
+                        note=f"{steps} steps, {steps / (epoch_ms / 1e3):.0f} steps/s; syncs/step "
+                             f"all in the box core (volume.py regime checks, intersection.py "
+                             f"nested test) and CPU fused Adam, none in the trainer"))
+    return rows
+
+
 def run(quick: bool = False) -> list[dict]:
     n, d = (8192, 32) if quick else (65536, 32)
     repeat = 3 if quick else 10
@@ -97,7 +157,7 @@ def run(quick: bool = False) -> list[dict]:
     rows.append(row(f"exact Bessel log volume vs our softplus approx, fwd+bwd ({size})",
                     ours_exact, "perturb approx=True", ours_approx,
                     note="cost of the exact K0 volume (k0e/k1e in log space)"))
-    return rows
+    return rows + _trainer_rows(quick)
 
 
 if __name__ == "__main__":

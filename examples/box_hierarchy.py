@@ -31,21 +31,21 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from perturb.boxes.datasets import (  # noqa: E402
+from perturb.boxes.hierarchy import (  # noqa: E402
+    all_pairs_f1,
     balanced_tree,
+    dasgupta_split,
+    edge_index,
+    evaluate,
+    evaluate_split,
     split_hierarchy,
+    train_hierarchy,
+    train_hierarchy_distributed,
     transitive_closure,
     wordnet_dir,
     wordnet_noun_hierarchy,
 )
-from perturb.boxes.distributed import train_hierarchy_distributed  # noqa: E402
-from perturb.boxes.hierarchy import (  # noqa: E402
-    _sample_negatives,
-    all_pairs_f1,
-    edge_index,
-    evaluate,
-    train_hierarchy,
-)
+from perturb.boxes.losses import PairSet, sample_negatives  # noqa: E402
 
 METHODS = ("gumbel", "soft", "hard")
 
@@ -92,6 +92,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="Gumbel volume scale in setting 2 (chosen on validation F1)")
     p.add_argument("--gen-temperature", type=float, default=1.0,
                    help="soft-box temperature in setting 2 (chosen on validation F1)")
+    p.add_argument("--protocol", choices=("fraction", "dasgupta"), default="fraction",
+                   help="setting 2: 'fraction' (reduction + --train-fraction of the closure, the "
+                        "rest halved into validation and test) or 'dasgupta' (the published "
+                        "protocol: root dropped, 5%% validation / 5%% test of the non-basic "
+                        "edges, training negatives avoid the closure of the training edges)")
+    p.add_argument("--diagnostics-every", type=int, default=50,
+                   help="steps between stalled-pair / zero-gradient diagnostics (0: never)")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="write a checkpoint per run there and resume from it when present")
     p.add_argument("--train-fraction", type=float, default=0.25,
                    help="setting 2: fraction of non-basic closure edges used for training")
     p.add_argument("--full-wordnet", action="store_true",
@@ -115,7 +124,7 @@ def mean_std(xs: list[float]) -> str:
 
 
 def train_phased(graph, dim, method, args, epochs, negatives, seed, hp, eval_fn=None,
-                 eval_every=0, train_edges=None, world_size=1, known_edges=None):
+                 eval_every=0, train_edges=None, world_size=1, known_edges=None, tag=None):
     """train_hierarchy with the lr schedule: `epochs` at lr, then --decay-epochs at lr/5 and at
     lr/25 (on `world_size` DDP processes when > 1). Returns the model and the run's
     training-health record."""
@@ -127,7 +136,11 @@ def train_phased(graph, dim, method, args, epochs, negatives, seed, hp, eval_fn=
         kw = dict(beta=hp["beta"], volume_beta=hp["volume_beta"], temperature=hp["temperature"],
                   epochs=ep, lr=lr, negatives_per_positive=negatives, batch_size=args.batch_size,
                   seed=seed + 1000 * i, device=args.device, model=model, train_edges=train_edges,
-                  known_edges=known_edges)
+                  known_edges=known_edges, diagnostics_every=args.diagnostics_every)
+        if args.checkpoint_dir and tag:          # resumable runs, one file per phase
+            os.makedirs(args.checkpoint_dir, exist_ok=True)
+            kw.update(checkpoint=os.path.join(args.checkpoint_dir, f"{tag}-{method}-d{dim}-"
+                                              f"seed{seed}-phase{i}.pt"), resume=True)
         if world_size > 1:
             res = train_hierarchy_distributed(graph, dim, method, world_size=world_size,
                                               threads_per_process=args.threads or 1, **kw)
@@ -141,7 +154,8 @@ def train_phased(graph, dim, method, args, epochs, negatives, seed, hp, eval_fn=
         stalled_curve += h.epoch_stalled_fraction
         f1_curve += [(done + e["epoch"], e["f1"]) for e in h.eval]
         done += ep
-    return model, dict(epochs=done, zero_grad=sum(zero) / len(zero), zero_grad_curve=zero_curve,
+    return model, dict(epochs=done, zero_grad=sum(zero) / max(1, len(zero)),
+                       zero_grad_curve=zero_curve,
                        stalled=sum(stalled_curve) / len(stalled_curve),
                        stalled_curve=stalled_curve, f1_curve=f1_curve,
                        containment_accuracy=h.containment_accuracy[-1],
@@ -174,8 +188,9 @@ def run_reconstruction(name, graph, dims, args, epochs, negatives, log) -> list[
     return rows
 
 
-def eval_pairs(pos, n, k, closure_codes, gen):
-    neg = _sample_negatives(pos, n, k, closure_codes, gen)
+def eval_pairs(pos, n, k, closure, gen):
+    """``k`` negatives per positive outside the full closure (and not self pairs)."""
+    neg = sample_negatives(pos, n, k, known=closure, generator=gen).reshape(-1, 2)
     pairs = torch.cat([pos, neg])
     labels = torch.cat([torch.ones(pos.shape[0]), torch.zeros(neg.shape[0])])
     return pairs, labels
@@ -191,9 +206,12 @@ def run_generalisation(name, graph, dim, args, epochs, negatives, log, world_siz
     rows = []
     for s in range(args.seeds if seeds is None else seeds):
         seed = args.seed + s
+        if args.protocol == "dasgupta":
+            rows += run_dasgupta(name, graph, dim, args, epochs, negatives, log, world_size,
+                                 seed)
+            continue
         split = split_hierarchy(graph, args.train_fraction, 0.5, seed=seed)
-        codes = torch.unique(torch.cat([split.closure[:, 0] * n + split.closure[:, 1],
-                                        torch.arange(n) * (n + 1)]))
+        codes = PairSet(split.closure, n, include_self=True)
         gen = torch.Generator().manual_seed(10_000 + seed)
         val_pairs, val_labels = eval_pairs(split.val, n, 10, codes, gen)
         test_pairs, test_labels = eval_pairs(split.test, n, 10, codes, gen)
@@ -221,6 +239,33 @@ def run_generalisation(name, graph, dim, args, epochs, negatives, log, world_siz
                 f"seed={seed}: test F1={test.f1:.4f} (val F1={val.f1:.4f}) train edges="
                 f"{split.train.shape[0]} stalled={rows[-1]['stalled']:.3f} "
                 f"{rows[-1]['seconds']:.0f}s")
+    return rows
+
+
+def run_dasgupta(name, graph, dim, args, epochs, negatives, log, world_size, seed
+                 ) -> list[dict]:
+    """The published protocol (dasgupta_split): training on the reduction (+ --train-fraction
+    of the non-basic edges), 5% validation / 5% test positives with 10 negatives each outside
+    the closure, training negatives never a held-out positive; test F1 at the validation
+    threshold."""
+    hp = dict(beta=args.gen_beta, volume_beta=args.gen_volume_beta,
+              temperature=args.gen_temperature)
+    split = dasgupta_split(graph, args.train_fraction, seed=seed)
+    rows = []
+    for method in args.methods:
+        t0 = time.perf_counter()
+        model, health = train_phased(split.graph, dim, method, args, epochs, negatives, seed,
+                                     hp, train_edges=split.train, world_size=world_size,
+                                     known_edges=split.closure, tag=f"{name}-dasgupta")
+        ev = evaluate_split(model, split)
+        setting = f"dasgupta/{name} (train + {args.train_fraction:.0%} non-basic)"
+        rows.append(dict(setting=setting, dim=dim, method=method, seed=seed, f1=ev.test.f1,
+                         precision=ev.test.precision, recall=ev.test.recall, val_f1=ev.val.f1,
+                         **{**health, "f1_curve": []}, seconds=time.perf_counter() - t0))
+        log(f"[{name} dasgupta protocol, {split.train.shape[0]} training edges, "
+            f"{split.val.shape[0]} val / {split.test.shape[0]} test positives] d={dim} "
+            f"{method:6s} seed={seed}: test F1={ev.test.f1:.4f} (val F1={ev.val.f1:.4f}) "
+            f"{rows[-1]['seconds']:.0f}s")
     return rows
 
 

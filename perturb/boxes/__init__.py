@@ -1,6 +1,8 @@
 """Box embeddings: hard, soft and Gumbel boxes, their volumes, intersections and training losses.
 
 See ``docs/boxes.md`` for the math (Gumbel corner orientation, max-stability, the Bessel volume).
+The hierarchy application (WordNet, training, evaluation) is the subpackage
+:mod:`perturb.boxes.hierarchy`; its main entry points are re-exported here.
 """
 from perturb.boxes.box import Box, join
 from perturb.boxes.embedding import BoxEmbedding

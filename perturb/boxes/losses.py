@@ -19,21 +19,27 @@ from typing import Callable
 
 import torch
 
-from perturb._validation import check_choice, check_int
+from perturb._validation import check_choice, check_int, validation_enabled
 from perturb.boxes.box import Box
 from perturb.boxes.intersection import (log1m_containment_prob, log1mexp,
                                         log_containment_prob, overlap)
 from perturb.boxes.volume import volume
 
 __all__ = ["containment_loss", "overlap_loss", "volume_regularizer", "sample_negatives",
-           "log1mexp"]
+           "log1mexp", "negative_nll", "PairSet"]
 
 _REDUCTIONS = ("mean", "sum", "none")
 
 
-def _negative_nll(log1m_p: torch.Tensor) -> torch.Tensor:
-    """−log(1 − p) from an accurate log(1 − p): finite everywhere, p = 1 exactly (−inf) gets
-    the finite loss −log(eps) with zero gradient."""
+def negative_nll(log1m_p: torch.Tensor) -> torch.Tensor:
+    """−log(1 − p), the loss of a negative pair, from an accurate log(1 − p) (e.g.
+    :func:`~perturb.boxes.log1m_containment_prob`): finite everywhere; p = 1 exactly
+    (log(1 − p) = −inf, a hard or soft pair nested inside) gets the finite loss −log(eps) of the
+    dtype, with zero gradient.
+
+    Shape:
+        any; elementwise.
+    """
     floor = math.log(torch.finfo(log1m_p.dtype).eps)
     return -torch.where(torch.isneginf(log1m_p), floor, log1m_p)
 
@@ -84,7 +90,7 @@ def _binary_loss(log_p: torch.Tensor, target: torch.Tensor | float | None, negat
             # Clamp so that p == 1 in floating point gives a large finite loss, not inf.
             neg = -log1mexp(log_p.clamp(max=-torch.finfo(log_p.dtype).eps))
         else:
-            neg = _negative_nll(log1m_p())
+            neg = negative_nll(log1m_p())
     else:
         neg = torch.relu(torch.exp(log_p) - margin)
     # Select rather than multiply, so a -inf log p on an unused side cannot give 0·inf = NaN.
@@ -200,26 +206,131 @@ def volume_regularizer(box: Box, threshold: float, *, method: str | None = None,
     return _reduce(pen, reduction)
 
 
+class PairSet:
+    """A set of ``(head, tail)`` pairs of entities ``0 .. num_entities − 1``, stored on one device
+    as the sorted codes ``head · num_entities + tail`` (int64), for membership tests by binary
+    search (``torch.searchsorted``) without leaving the device.
+
+    Build it once (e.g. the known positives of a training run, ``include_self=True`` to add
+    every self pair ``(i, i)``) and pass it as ``known`` to :func:`sample_negatives`.
+
+    Args:
+        pairs: integer tensor ``(m, 2)`` of ids in ``[0, num_entities)``.
+        num_entities: number of entities (``num_entities² < 2⁶³``).
+        include_self: also hold the self pairs ``(i, i)``.
+        device: where the codes live (default: the device of ``pairs``).
+
+    Raises:
+        ValueError: misshaped or non-integer ``pairs``, ids out of range, ``num_entities < 1``
+            or too large for int64 codes.
+
+    Example:
+        >>> known = PairSet(torch.tensor([[1, 0], [2, 0]]), 3, include_self=True)
+        >>> known.contains(torch.tensor([[1, 0], [0, 1], [2, 2]]))
+        tensor([ True, False,  True])
+    """
+
+    def __init__(self, pairs: torch.Tensor, num_entities: int, *, include_self: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        self.num_entities = check_int(num_entities, "num_entities", low=1)
+        if self.num_entities > 3_037_000_499:
+            raise ValueError(f"num_entities={num_entities} is too large for int64 pair codes")
+        pairs = _check_pair_tensor(pairs, self.num_entities, "pairs", batched=False)
+        dev = pairs.device if device is None else torch.device(device)
+        codes = pairs[:, 0].to(dev) * self.num_entities + pairs[:, 1].to(dev)
+        if include_self:
+            codes = torch.cat([codes, torch.arange(self.num_entities, device=dev)
+                               * (self.num_entities + 1)])
+        self.codes = torch.unique(codes)          # sorted
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+    def __len__(self) -> int:
+        return self.codes.numel()
+
+    def to(self, device: torch.device | str) -> "PairSet":
+        """The same set with its codes on ``device``."""
+        out = PairSet.__new__(PairSet)
+        out.num_entities, out.codes = self.num_entities, self.codes.to(device)
+        return out
+
+    def contains_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """Membership of pair codes ``head · num_entities + tail`` (any shape, int64)."""
+        if self.codes.numel() == 0:
+            return torch.zeros(codes.shape, dtype=torch.bool, device=codes.device)
+        at = torch.searchsorted(self.codes, codes).clamp_(max=self.codes.numel() - 1)
+        return self.codes[at] == codes
+
+    def contains(self, pairs: torch.Tensor) -> torch.Tensor:
+        """Whether each pair is in the set: ``(*batch, 2)`` ids -> ``(*batch,)`` bool, on the
+        device of the set. O(m log |set|), no host synchronisation."""
+        pairs = pairs.to(self.device)
+        return self.contains_codes(pairs[..., 0] * self.num_entities + pairs[..., 1])
+
+    def __repr__(self) -> str:
+        return (f"PairSet({len(self)} pairs, num_entities={self.num_entities}, "
+                f"device={self.device})")
+
+
+def _check_pair_tensor(t: object, num_entities: int, name: str, batched: bool) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.dtype == torch.bool \
+            or t.is_complex():
+        raise ValueError(f"{name} must be an integer tensor of (head, tail) pairs, got "
+                         f"{type(t).__name__ if not isinstance(t, torch.Tensor) else t.dtype}")
+    if t.ndim < 1 or t.shape[-1] != 2 or (not batched and t.ndim != 2):
+        want = "(*batch, 2)" if batched else "(m, 2)"
+        raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+    if t.numel() and validation_enabled():
+        lo, hi = torch.aminmax(t)
+        if int(lo) < 0 or int(hi) >= num_entities:
+            raise ValueError(f"{name} holds ids outside [0, {num_entities})")
+    return t.long()
+
+
+_SAMPLER_MODES = ("auto", "adaptive", "fixed")
+
+
 def sample_negatives(pairs: torch.Tensor, num_entities: int, n_negatives: int = 1, *,
-                     corrupt: str = "both", known: torch.Tensor | None = None,
-                     generator: torch.Generator | None = None,
-                     max_tries: int = 100) -> torch.Tensor:
+                     corrupt: str = "both", known: torch.Tensor | PairSet | None = None,
+                     generator: torch.Generator | None = None, max_tries: int = 100,
+                     strict: bool = True, mode: str = "auto") -> torch.Tensor:
     """Negative pairs by uniform corruption of the head or the tail of positive pairs.
 
     For each pair (head, tail) and each of ``n_negatives`` draws, replace the head
     (``corrupt="head"``), the tail (``"tail"``) or one of the two chosen with probability 1/2
-    (``"both"``) by an entity drawn uniformly from ``[0, num_entities)``. With ``known`` (the
-    list of true pairs) the draws that hit a known pair are redrawn, vectorised, until none is
-    left (filtered negatives); the replaced entity may equal the kept one (a self pair).
+    (``"both"``) by an entity drawn uniformly from ``[0, num_entities)``. With ``known`` the
+    draws that hit a known pair are redrawn (side included) up to ``max_tries`` times in all:
+    rejection sampling, so an accepted negative is uniform over the allowed corruptions. The
+    replaced entity may equal the kept one (a self pair) unless ``known`` holds self pairs
+    (``PairSet(..., include_self=True)``).
+
+    Two ways to run the rejection, with the same distribution (the first accepted of up to
+    ``max_tries`` independent draws; the last draw when none is accepted):
+
+    - ``mode="adaptive"``: draw once, then redraw only the rejected ones, round after round,
+      until none is left. Each round reads one number back to the host: free on the CPU, a
+      synchronisation on a GPU.
+    - ``mode="fixed"``: draw ``max_tries`` candidates for every negative at once and keep the
+      first accepted one: no host read at all (O(``max_tries``) work and memory per negative,
+      which a GPU does in one pass).
+    - ``mode="auto"`` (default): adaptive on the CPU, fixed elsewhere.
 
     Args:
         pairs: positive pairs ``(head, tail)``, integer tensor.
         num_entities: number of entities.
         n_negatives: negatives per positive pair.
         corrupt: "head", "tail" or "both".
-        known: integer tensor ``(m, 2)`` of pairs that must not be returned, or None.
-        generator: torch.Generator for reproducibility.
-        max_tries: rounds of redrawing for the filtered case.
+        known: pairs that must not be returned: an integer tensor ``(m, 2)`` or a
+            :class:`PairSet` (built once, for repeated calls: nothing is sorted per call).
+        generator: torch.Generator; the draws are made on its device (default: the device of
+            ``pairs`` with its default generator) and moved to the device of ``pairs``.
+        max_tries: draws per negative at most (>= 1).
+        strict: raise when a negative still hits a known pair after ``max_tries`` draws (one
+            host read); ``strict=False`` returns it as it is (no host read: a training loop
+            counts such pairs on the device instead, e.g. with :meth:`PairSet.contains`).
+        mode: "auto", "adaptive" or "fixed" (above).
 
     Shape:
         ``pairs``: ``(*batch, 2)``; returns ``(*batch, n_negatives, 2)`` on the device of
@@ -229,10 +340,12 @@ def sample_negatives(pairs: torch.Tensor, num_entities: int, n_negatives: int = 
         The negative pairs (torch.long).
 
     Raises:
-        ValueError: non-integer or misshaped ``pairs``/``known``, ids out of range,
-            ``num_entities < 1``, ``n_negatives < 1``, unknown ``corrupt``.
-        RuntimeError: some draws still hit known pairs after ``max_tries`` rounds (the graph
-            is too dense to filter).
+        ValueError: non-integer or misshaped ``pairs``/``known``, ids out of range (checked
+            while validation is enabled), ``num_entities < 1``, ``n_negatives < 1``,
+            ``max_tries < 1``, unknown ``corrupt`` or ``mode``, a ``known`` PairSet over a
+            different number of entities.
+        RuntimeError: ``strict=True`` and some draws still hit known pairs after ``max_tries``
+            draws (the graph is too dense to filter).
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -241,59 +354,85 @@ def sample_negatives(pairs: torch.Tensor, num_entities: int, n_negatives: int = 
     """
     num_entities = check_int(num_entities, "num_entities", low=1)
     n_negatives = check_int(n_negatives, "n_negatives", low=1)
+    max_tries = check_int(max_tries, "max_tries", low=1)
     check_choice(corrupt, ("head", "tail", "both"), "corrupt")
-    for t, name in ((pairs, "pairs"), (known, "known")):
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.dtype == torch.bool \
-                or t.is_complex():
-            raise ValueError(f"{name} must be an integer tensor of (head, tail) pairs, got "
-                             f"{type(t).__name__ if not isinstance(t, torch.Tensor) else t.dtype}")
-        if t.ndim < 1 or t.shape[-1] != 2 or (name == "known" and t.ndim != 2):
-            want = "(m, 2)" if name == "known" else "(*batch, 2)"
-            raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
-        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= num_entities):
-            raise ValueError(f"{name} holds ids outside [0, {num_entities})")
+    check_choice(mode, _SAMPLER_MODES, "mode")
+    pairs = _check_pair_tensor(pairs, num_entities, "pairs", batched=True)
     device = pairs.device
-    pairs = pairs.long()
+    if isinstance(known, PairSet):
+        if known.num_entities != num_entities:
+            raise ValueError(f"known is a PairSet over {known.num_entities} entities, expected "
+                             f"num_entities={num_entities}")
+        known = known.to(device) if known.device != device else known
+    elif known is not None:
+        known = PairSet(_check_pair_tensor(known, num_entities, "known", batched=False),
+                        num_entities, device=device)
     out_shape = (*pairs.shape[:-1], n_negatives, 2)
-    neg = pairs.unsqueeze(-2).expand(out_shape).clone()
-    n = neg.numel() // 2
+    base = pairs.unsqueeze(-2).expand(out_shape).reshape(-1, 2)
+    draw_device = generator.device if generator is not None else device
+    if mode == "auto":
+        mode = "adaptive" if device.type == "cpu" else "fixed"
+    if known is None or len(known) == 0:
+        neg = _corrupt(base, *_draw(base.shape[0], 1, num_entities, corrupt, generator,
+                                    draw_device, device))[:, 0]
+    elif mode == "fixed":
+        neg = _sample_fixed(base, num_entities, known, corrupt, generator, max_tries,
+                            draw_device)
+    else:
+        neg = _sample_adaptive(base, num_entities, known, corrupt, generator, max_tries,
+                               draw_device)
+    if strict and known is not None and neg.numel():
+        bad = known.contains(neg)
+        if bool(bad.any()):
+            raise RuntimeError(f"{int(bad.sum())} negatives still hit known pairs after "
+                               f"{max_tries} draws; the graph is too dense to filter")
+    return neg.reshape(out_shape)
 
-    def draw(count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        ent = torch.randint(num_entities, (count,), generator=generator)
-        if corrupt == "both":
-            side = torch.randint(2, (count,), generator=generator)
-        else:
-            side = torch.full((count,), 0 if corrupt == "head" else 1, dtype=torch.long)
-        return ent.to(device), side.to(device)
 
-    flat = neg.view(n, 2)
-    base = pairs.unsqueeze(-2).expand(out_shape).reshape(n, 2)
-    ent, side = draw(n)
-    flat[torch.arange(n, device=device), side] = ent
-    if known is not None and known.numel():
-        codes = torch.unique(known.to(device).long()[:, 0] * num_entities
-                             + known.to(device).long()[:, 1])
-        for _ in range(max_tries):
-            bad = _is_member(flat[:, 0] * num_entities + flat[:, 1], codes).nonzero().squeeze(-1)
-            if bad.numel() == 0:
-                break
-            flat[bad] = base[bad]
-            ent, side = draw(bad.numel())
-            flat[bad, side] = ent
-        else:
-            bad = _is_member(flat[:, 0] * num_entities + flat[:, 1], codes)
-            if bool(bad.any()):
-                raise RuntimeError(f"{int(bad.sum())} negatives still hit known pairs after "
-                                   f"{max_tries} rounds; the graph is too dense to filter")
+def _draw(count: int, tries: int, num_entities: int, corrupt: str,
+          generator: torch.Generator | None, draw_device: torch.device, device: torch.device
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(entity, side)`` of ``count × tries`` corruptions, on ``device``."""
+    ent = torch.randint(num_entities, (count, tries), generator=generator, device=draw_device)
+    if corrupt == "both":
+        side = torch.randint(2, (count, tries), generator=generator, device=draw_device)
+    else:
+        side = torch.full((count, tries), 0 if corrupt == "head" else 1, dtype=torch.long,
+                          device=draw_device)
+    return ent.to(device), side.to(device)
+
+
+def _corrupt(base: torch.Tensor, ent: torch.Tensor, side: torch.Tensor) -> torch.Tensor:
+    """Candidates ``(count, tries, 2)``: ``base`` with the ``side`` entry replaced by ``ent``."""
+    head = torch.where(side == 0, ent, base[:, :1])
+    tail = torch.where(side == 1, ent, base[:, 1:])
+    return torch.stack([head, tail], dim=-1)
+
+
+def _sample_fixed(base: torch.Tensor, n: int, known: PairSet, corrupt: str,
+                  generator: torch.Generator | None, tries: int, draw_device: torch.device
+                  ) -> torch.Tensor:
+    """All ``tries`` candidates at once; the first accepted (else the last). No host read."""
+    cand = _corrupt(base, *_draw(base.shape[0], tries, n, corrupt, generator, draw_device,
+                                 base.device))
+    ok = ~known.contains(cand)                                      # (count, tries)
+    first = torch.where(ok.any(dim=1), ok.to(torch.uint8).argmax(dim=1),
+                        torch.full_like(ok[:, 0], tries - 1, dtype=torch.long))
+    return cand.gather(1, first.view(-1, 1, 1).expand(-1, 1, 2)).squeeze(1)
+
+
+def _sample_adaptive(base: torch.Tensor, n: int, known: PairSet, corrupt: str,
+                     generator: torch.Generator | None, tries: int, draw_device: torch.device
+                     ) -> torch.Tensor:
+    """Redraw only the rejected draws, round after round (one host read per round)."""
+    neg = _corrupt(base, *_draw(base.shape[0], 1, n, corrupt, generator, draw_device,
+                                base.device))[:, 0]
+    todo = known.contains(neg).nonzero().squeeze(-1)
+    for _ in range(tries - 1):
+        if todo.numel() == 0:
+            break
+        rows = _corrupt(base[todo], *_draw(todo.numel(), 1, n, corrupt, generator, draw_device,
+                                           base.device))[:, 0]
+        neg[todo] = rows
+        todo = todo[known.contains(rows)]
     return neg
-
-
-def _is_member(x: torch.Tensor, sorted_codes: torch.Tensor) -> torch.Tensor:
-    """Whether each entry of ``x`` is in ``sorted_codes`` (sorted, non-empty): binary search.
-
-    O(m log |codes|); ``torch.isin`` fell back to a brute-force O(m·|codes|) path on CPU here.
-    """
-    at = torch.searchsorted(sorted_codes, x).clamp(max=sorted_codes.numel() - 1)
-    return sorted_codes[at] == x

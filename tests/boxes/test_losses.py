@@ -183,3 +183,80 @@ def test_sample_negatives_filters_known_pairs():
 def test_sample_negatives_bad_arguments(args, kw, match):
     with pytest.raises(ValueError, match=match):
         sample_negatives(*args, **kw)
+
+
+# ---------------------------------------------------------------------- one sampler, two modes
+from perturb.boxes.losses import PairSet  # noqa: E402
+
+
+def test_pair_set_membership_and_errors():
+    known = PairSet(torch.tensor([[1, 0], [2, 0], [1, 0]]), 4, include_self=True)
+    assert len(known) == 6                                   # 2 distinct pairs + 4 self pairs
+    q = torch.tensor([[1, 0], [0, 1], [3, 3], [2, 0], [3, 2]])
+    assert known.contains(q).tolist() == [True, False, True, True, False]
+    assert known.contains(q.view(5, 1, 2)).shape == (5, 1)
+    assert PairSet(torch.zeros(0, 2, dtype=torch.long), 3).contains(q[:2]).tolist() == [False] * 2
+    with pytest.raises(ValueError, match="outside"):
+        PairSet(torch.tensor([[0, 4]]), 4)
+    with pytest.raises(ValueError, match=r"\(m, 2\)"):
+        PairSet(torch.tensor([0, 1]), 4)
+    with pytest.raises(ValueError, match="num_entities"):
+        sample_negatives(torch.tensor([[0, 1]]), 5, known=known)
+
+
+def _allowed(pair, n, known):
+    """The corruptions of ``pair`` outside ``known``: the support of the filtered sampler."""
+    c, p = pair
+    cands = {(e, p) for e in range(n)} | {(c, e) for e in range(n)}
+    return sorted(x for x in cands if x not in known)
+
+
+@pytest.mark.parametrize("mode", ["adaptive", "fixed"])
+def test_sampler_modes_uniform_over_allowed_corruptions(mode):
+    """Rejection sampling with re-drawn sides: an accepted negative is uniform over the allowed
+    corruptions (each corrupted pair arises from exactly one (side, entity) draw). Chi-square
+    against that exact distribution, for both ways of running the rejection."""
+    n = 7
+    edges = [(1, 0), (2, 0), (3, 1), (4, 1), (5, 2), (6, 2), (3, 0), (4, 0), (5, 0), (6, 0)]
+    known_t = torch.tensor(edges)
+    known = PairSet(known_t, n, include_self=True)
+    known_py = set(edges) | {(i, i) for i in range(n)}
+    pos = torch.tensor([[3, 1]]).expand(6000, 2)
+    neg = sample_negatives(pos, n, 1, known=known, mode=mode,
+                           generator=torch.Generator().manual_seed(4))[:, 0]
+    support = _allowed((3, 1), n, known_py)
+    codes = (neg[:, 0] * n + neg[:, 1]).tolist()
+    assert set(codes) <= {c * n + p for c, p in support}
+    counts = torch.tensor([codes.count(c * n + p) for c, p in support], dtype=torch.float64)
+    expected = 6000 / len(support)
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    from scipy.stats import chi2 as chi2_dist
+    assert len(support) == 8 and chi2 < chi2_dist.ppf(1 - 1e-4, len(support) - 1)
+
+
+def test_sampler_tries_and_strictness():
+    full = torch.cartesian_prod(torch.arange(3), torch.arange(3))
+    for mode in ("adaptive", "fixed"):
+        with pytest.raises(RuntimeError, match="known"):
+            sample_negatives(torch.tensor([[0, 1]]), 3, 2, known=full, max_tries=5, mode=mode)
+        out = sample_negatives(torch.tensor([[0, 1]]), 3, 2, known=full, max_tries=5,
+                               mode=mode, strict=False)
+        assert out.shape == (1, 2, 2)
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="max_tries"):
+            sample_negatives(torch.tensor([[0, 1]]), 3, max_tries=bad)
+    with pytest.raises(ValueError, match="mode"):
+        sample_negatives(torch.tensor([[0, 1]]), 3, mode="lazy")
+
+
+def test_fixed_mode_reads_nothing_back():
+    from perturb._validation import set_validation
+    known = PairSet(torch.tensor([[0, 1], [2, 1]]), 50, include_self=True)
+    pairs = torch.randint(50, (200, 2), generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(1)
+    with set_validation(False):
+        with torch.profiler.profile() as prof:
+            sample_negatives(pairs, 50, 4, known=known, generator=gen, mode="fixed",
+                             strict=False, max_tries=16)
+    names = [e.name for e in prof.events()]
+    assert "aten::_local_scalar_dense" not in names and "aten::nonzero" not in names

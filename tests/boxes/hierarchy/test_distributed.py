@@ -1,4 +1,5 @@
-"""Tests for perturb.boxes.distributed: 2 DDP processes (gloo, CPU) on a tiny hierarchy."""
+"""Tests for perturb.boxes.hierarchy.distributed: 2 DDP processes (gloo, CPU) on a tiny
+hierarchy; the backend choice (NCCL for CUDA) by construction."""
 from __future__ import annotations
 
 import socket
@@ -7,9 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from perturb.boxes.datasets import balanced_tree
-from perturb.boxes.distributed import free_port, train_hierarchy_distributed
-from perturb.boxes.hierarchy import train_hierarchy
+from perturb.boxes.hierarchy import (balanced_tree, free_port, train_hierarchy,
+                                     train_hierarchy_distributed)
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with the gloo backend is not available")
@@ -53,3 +53,34 @@ def test_bad_arguments():
         train_hierarchy_distributed(balanced_tree(2, 2), 2, world_size=0)
     with pytest.raises(ValueError, match="backend"):
         train_hierarchy_distributed(balanced_tree(2, 2), 2, backend="tcp")
+    with pytest.raises(ValueError, match="nccl"):
+        train_hierarchy_distributed(balanced_tree(2, 2), 2, backend="nccl")
+
+
+def test_backend_selection():
+    from perturb.boxes.hierarchy import select_backend
+    assert select_backend("cuda") == "nccl" and select_backend(torch.device("cuda", 1)) == "nccl"
+    assert select_backend(None) == "gloo" and select_backend("cpu") == "gloo"
+    assert select_backend("cuda", "gloo") == "gloo"
+    with pytest.raises(ValueError, match="nccl.*CUDA"):
+        select_backend("cpu", "nccl")
+    with pytest.raises(ValueError, match="backend"):
+        select_backend("cpu", "tcp")
+
+
+def test_distributed_checkpoint_resume(tmp_path):
+    """2 processes, interrupted after 2 epochs (a shorter run with the same config), resumed to
+    4: the same parameters as 4 epochs in one go (every rank's generator is restored)."""
+    g = balanced_tree(2, 3)
+    kw = dict(beta=0.2, lr=0.05, negatives_per_positive=2, seed=3, batch_size=8,
+              dtype=torch.float64, world_size=2)
+    straight = train_hierarchy_distributed(g, 2, epochs=4, **kw)
+    path = tmp_path / "ddp.ckpt"
+    train_hierarchy_distributed(g, 2, epochs=2, checkpoint=path, **kw)
+    resumed = train_hierarchy_distributed(g, 2, epochs=4, checkpoint=path, resume=True, **kw)
+    for name, p in straight.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[name], p), name
+    assert resumed.history.loss == straight.history.loss
+    with pytest.raises(Exception, match="processes"):
+        train_hierarchy_distributed(g, 2, epochs=4, checkpoint=path, resume=True,
+                                    **{**kw, "world_size": 1})

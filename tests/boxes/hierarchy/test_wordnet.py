@@ -1,26 +1,17 @@
-"""Tests for perturb.boxes.datasets: WordNet parser (on a hand-written fixture in the real
-wndb(5WN) format, and on the installed database when present), closures, synthetic DAGs."""
+"""Tests for perturb.boxes.hierarchy.wordnet: the parser on a hand-written fixture in the real
+wndb(5WN) format, and on the installed database when present."""
 from __future__ import annotations
 
-import math
-import warnings
 from pathlib import Path
 
-import networkx as nx
 import pytest
-import torch
 
-from perturb.boxes.datasets import (
-    balanced_tree,
+from perturb.boxes.hierarchy import (
     check_hierarchy,
-    random_dag,
-    random_tree,
     read_wordnet_index,
     read_wordnet_nouns,
-    split_hierarchy,
     sub_hierarchy,
     transitive_closure,
-    transitive_reduction,
     wordnet_dir,
     wordnet_noun_hierarchy,
 )
@@ -154,142 +145,6 @@ def test_parser_rejects_bad_files(wn_dir, tmp_path):
     (wn_dir / "data.noun").write_text(text + "00099999 05 n zz dog 0 000 | broken\n")
     with pytest.raises(ValueError, match="data.noun synset line"):
         read_wordnet_nouns(wn_dir, check_offsets=False)
-
-
-# ----------------------------------------------------------------------------- graph tools
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_closure_matches_networkx(seed):
-    g = random_dag(40, 0.1, seed=seed)
-    ours = transitive_closure(g)
-    ref = nx.transitive_closure_dag(g)
-    assert set(ours.edges) == set(ref.edges)
-    assert set(transitive_closure(g, reflexive=True).edges) == set(ref.edges) | {
-        (u, u) for u in g}
-    red = transitive_reduction(g)
-    assert set(transitive_closure(red).edges) == set(ref.edges)
-    assert red.number_of_edges() <= g.number_of_edges()
-
-
-def test_sub_hierarchy_commutes_with_closure():
-    g = random_dag(60, 0.08, seed=3)
-    root = 5
-    sub = sub_hierarchy(g, root)
-    full = transitive_closure(g)
-    restricted = {(u, v) for u, v in full.edges if u in sub and v in sub}
-    assert set(transitive_closure(sub).edges) == restricted
-    assert all(nx.has_path(g, u, root) for u in sub)
-    with pytest.raises(ValueError, match="root"):
-        sub_hierarchy(g, "missing")
-
-
-def test_check_hierarchy_errors():
-    with pytest.raises(ValueError, match="acyclic"):
-        check_hierarchy(nx.DiGraph([(0, 1), (1, 2), (2, 0)]))
-    with pytest.raises(ValueError, match="self-loop"):
-        check_hierarchy(nx.DiGraph([(0, 0)]))
-    with pytest.raises(ValueError, match="DiGraph"):
-        check_hierarchy(nx.Graph([(0, 1)]))
-
-
-def test_balanced_tree():
-    g = balanced_tree(2, 9)
-    assert g.number_of_nodes() == 1023 and g.number_of_edges() == 1022
-    ref = nx.balanced_tree(2, 9)          # same breadth-first labels, undirected
-    assert {frozenset(e) for e in g.edges} == {frozenset(e) for e in ref.edges}
-    assert all(g.out_degree(u) == (0 if u == 0 else 1) for u in g)
-    # closure of a complete binary tree: sum of depths = sum_k k 2^k = (h-1) 2^(h+1) + 2
-    assert transitive_closure(g).number_of_edges() == 8 * 2 ** 10 + 2
-    assert balanced_tree(3, 2).number_of_nodes() == 13 and balanced_tree(1, 4).number_of_nodes() == 5
-    with pytest.raises(ValueError, match="branching"):
-        balanced_tree(0, 3)
-
-
-def test_random_tree_and_dag_reproducible():
-    t1, t2 = random_tree(50, seed=7), random_tree(50, seed=7)
-    assert set(t1.edges) == set(t2.edges) and set(t1.edges) != set(random_tree(50, seed=8).edges)
-    assert nx.is_tree(t1.to_undirected()) and all(v < u for u, v in t1.edges)
-    d1 = random_dag(50, 0.2, generator=torch.Generator().manual_seed(1))
-    d2 = random_dag(50, 0.2, generator=torch.Generator().manual_seed(1))
-    assert set(d1.edges) == set(d2.edges)
-    check_hierarchy(d1)
-    assert [u for u in d1 if d1.out_degree(u) == 0] == [0]
-    with pytest.raises(ValueError, match="either generator or seed"):
-        random_tree(5, seed=1, generator=torch.Generator())
-    with pytest.raises(ValueError, match="extra_edge_prob"):
-        random_dag(5, 1.5)
-
-
-def test_random_dag_edge_count_matches_expectation():
-    # extra edges: each pair j < i, besides the tree edge, independently with prob p
-    n, p, reps = 40, 0.1, 20
-    counts = torch.tensor([random_dag(n, p, seed=s).number_of_edges() - (n - 1)
-                           for s in range(reps)], dtype=torch.float64)
-    m = (n - 1) * (n - 2) / 2                  # pairs that are not the tree edge
-    mean, sd = m * p, math.sqrt(m * p * (1 - p))
-    assert abs(counts.mean().item() - mean) < 4 * sd / math.sqrt(reps)
-
-
-def test_random_tree_parent_distribution():
-    # the parent of node 3 is uniform on {0, 1, 2}: chi-square-free check with 5 sigma bounds
-    reps = 600
-    gen = torch.Generator().manual_seed(0)
-    parents = torch.tensor([next(random_tree(4, generator=gen).successors(3)) for _ in range(reps)])
-    freq = torch.bincount(parents, minlength=3).double() / reps
-    sd = math.sqrt((1 / 3) * (2 / 3) / reps)
-    assert torch.all((freq - 1 / 3).abs() < 5 * sd)
-
-
-def test_split_hierarchy():
-    g = random_dag(30, 0.1, seed=0)
-    split = split_hierarchy(g, train_fraction=0.3, val_fraction=0.5, seed=0)
-    index = {u: i for i, u in enumerate(split.nodes)}
-    red = {(index[u], index[v]) for u, v in transitive_reduction(g).edges}
-    clo = {(index[u], index[v]) for u, v in transitive_closure(g).edges}
-    as_set = lambda t: {tuple(r) for r in t.tolist()}     # noqa: E731
-    train, val, test = as_set(split.train), as_set(split.val), as_set(split.test)
-    assert red <= train
-    assert train | val | test == clo == as_set(split.closure)
-    assert len(train) + len(val) + len(test) == len(clo)
-    rest = len(clo) - len(red)
-    assert len(train) - len(red) == round(0.3 * rest)
-    assert len(val) == round(0.5 * (rest - round(0.3 * rest)))
-    again = split_hierarchy(g, train_fraction=0.3, val_fraction=0.5, seed=0)
-    assert torch.equal(again.val, split.val)
-
-
-
-_SPLIT_DIGEST = """
-import hashlib, sys
-import networkx as nx
-from perturb.boxes.datasets import (random_dag, split_hierarchy, sub_hierarchy,
-                                    transitive_closure)
-g = random_dag(60, 0.08, seed=1)
-g = nx.relabel_nodes(g, {u: f"node{u}" for u in g.nodes})     # str labels: hash-seeded sets
-sp = split_hierarchy(g, 0.25, 0.5, seed=3)
-parts = [t.numpy().tobytes() for t in (sp.train, sp.val, sp.test)]
-parts.append(repr(list(transitive_closure(g).edges)).encode())
-sub = sub_hierarchy(g, "node0")                                  # node order: graph order
-parts.append(repr((list(sub.nodes), list(sub.edges))).encode())
-print(hashlib.md5(b"".join(parts)).hexdigest())
-"""
-
-
-def test_split_and_closure_reproduce_across_hash_seeds():
-    """Seeded splits and sub-hierarchies of string-labelled graphs are the same in every
-    process (node and edge order must not follow set iteration order, which depends on
-    PYTHONHASHSEED)."""
-    import os
-    import subprocess
-    import sys
-    root = str(Path(__file__).resolve().parents[2])
-    digests = set()
-    for hash_seed in ("1", "2", "3"):
-        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": root}
-        out = subprocess.run([sys.executable, "-c", _SPLIT_DIGEST], env=env, check=True,
-                             capture_output=True, text=True)
-        digests.add(out.stdout.strip())
-    assert len(digests) == 1
 
 
 # ----------------------------------------------------------------------------- real WordNet

@@ -1,0 +1,237 @@
+"""Data-parallel training of hierarchy box embeddings over several processes (DDP).
+
+:func:`train_hierarchy_distributed` is :func:`~perturb.boxes.hierarchy.train_hierarchy` run by
+``world_size`` processes started with ``torch.multiprocessing.spawn``, with the same
+:class:`~perturb.boxes.hierarchy.HierarchyConfig` and the same epoch loop
+(:class:`~perturb.boxes.hierarchy.Trainer`):
+
+- the backend is NCCL when the model is on CUDA (process r on GPU ``r mod device_count``) and
+  gloo on the CPU (:func:`select_backend`);
+- every process builds the same initial boxes (``config.seed``) and wraps the scorer in
+  ``torch.nn.parallel.DistributedDataParallel``;
+- the positive edges are shuffled once with the seed and sharded round-robin; each rank
+  shuffles its shard every epoch and draws its own negatives (its own generator);
+- every rank makes the same number of steps per epoch (its shard split into
+  ``ceil(m / (W · batch_size))`` nearly equal batches), so the gradient all-reduces match up;
+  DDP averages the gradients, so a step is a step on the union of the W batches;
+- the epoch's metrics are averaged over the ranks (one all-reduce per epoch);
+- checkpoints (``checkpoint=``) hold the parameters and optimizer state (identical on every
+  rank) and every rank's generator state, written by rank 0; ``resume=True`` continues with the
+  same world size;
+- rank 0 writes the final parameters and history to a temporary file that the caller reads.
+
+Multi-GPU (one process per GPU, NCCL)::
+
+    res = train_hierarchy_distributed(nouns, config, world_size=torch.cuda.device_count(),
+                                      device="cuda")
+
+or from the command line ``python examples/box_hierarchy.py --full-wordnet --device cuda
+--world-size 4``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import tempfile
+from typing import Any
+
+import networkx as nx
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from perturb._validation import check_choice, check_int
+from perturb.boxes.hierarchy.config import HierarchyConfig
+from perturb.boxes.hierarchy.graphs import check_pairs
+from perturb.boxes.hierarchy.io import atomic_save, checkpoint_header, load_checkpoint
+from perturb.boxes.hierarchy.model import BoxHierarchyModel, PairScores
+from perturb.boxes.hierarchy.rng import resolve_generator
+from perturb.boxes.hierarchy.training import (Trainer, TrainHistory, TrainResult,
+                                              resolve_config, training_pairs)
+from perturb.boxes.losses import PairSet
+
+__all__ = ["train_hierarchy_distributed", "free_port", "select_backend", "BACKENDS"]
+
+#: Backends accepted by :func:`train_hierarchy_distributed`.
+BACKENDS = ("gloo", "nccl", "mpi")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that is free right now (bind to port 0 and read it back)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def select_backend(device: torch.device | str | None, backend: str | None = None) -> str:
+    """The process-group backend for a model on ``device``: ``backend`` when given (checked),
+    else NCCL for CUDA and gloo otherwise.
+
+    Raises:
+        ValueError: an unknown backend; NCCL with a non-CUDA device (NCCL moves CUDA tensors
+            only).
+    """
+    cuda = device is not None and torch.device(device).type == "cuda"
+    if backend is None:
+        return "nccl" if cuda else "gloo"
+    check_choice(backend, BACKENDS, "backend")
+    if backend == "nccl" and not cuda:
+        raise ValueError(f"backend='nccl' needs a CUDA device, got device={device!r}; use "
+                         f"'gloo' on the CPU")
+    return backend
+
+
+class _Scorer(nn.Module):
+    """``forward(child, parent, n_pos) = model.score_pairs(...)``, so that DDP sees the call
+    (DDP hooks its gradient all-reduce on a forward through the wrapper)."""
+
+    def __init__(self, model: BoxHierarchyModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, child: torch.Tensor, parent: torch.Tensor, n_pos: int) -> PairScores:
+        return self.model.score_pairs(child, parent, n_pos)
+
+
+def _shard(pos: torch.Tensor, rank: int, world_size: int, seed: int) -> torch.Tensor:
+    perm = torch.randperm(pos.shape[0], generator=torch.Generator().manual_seed(seed))
+    return pos[perm[rank::world_size]]
+
+
+def _rank_generator(seed: int, rank: int, device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed * 1_000_003 + 7919 * (rank + 1))
+
+
+def _worker(rank: int, world_size: int, job: dict, out_path: str) -> None:
+    """One DDP process: train on shard ``rank``; rank 0 writes checkpoints and the result."""
+    torch.set_num_threads(job["threads"])
+    cfg: HierarchyConfig = job["config"]
+    init = f"tcp://{job['master_addr']}:{job['master_port']}"
+    dist.init_process_group(job["backend"], init_method=init, rank=rank, world_size=world_size)
+    try:
+        device = job["device"]
+        if device is not None and torch.device(device).type == "cuda":
+            device = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(device)
+        model = BoxHierarchyModel(job["num_nodes"], nodes=job["nodes"], device=device,
+                                  generator=torch.Generator().manual_seed(job["seed"]),
+                                  **job["model_kwargs"])
+        if job["init_state"] is not None:
+            model.load_state_dict(job["init_state"])
+        ddp = nn.parallel.DistributedDataParallel(
+            _Scorer(model), device_ids=None if model.device.type == "cpu" else [model.device])
+        pos = job["pos"]
+        n_steps = max(1, math.ceil(pos.shape[0] / (world_size * cfg.batch_size)))
+
+        def reduce(t: torch.Tensor) -> torch.Tensor:
+            dist.all_reduce(t)
+            return t / world_size
+
+        trainer = Trainer(model, _shard(pos, rank, world_size, job["seed"]),
+                          job["known"], cfg, _rank_generator(job["seed"], rank, model.device),
+                          scorer=ddp, steps_per_epoch=n_steps, reduce=reduce)
+        path, header = job["checkpoint"], job["header"]
+        if job["resume"]:
+            state = load_checkpoint(path, header)
+            if len(state["generators"]) != world_size:
+                raise ValueError(f"cannot resume from {path}: it was written by "
+                                 f"{len(state['generators'])} processes, not {world_size}")
+            trainer.load_state_dict({**state["trainer"], "generator": state["generators"][rank]})
+        while trainer.epoch < cfg.epochs:
+            trainer.run_epoch()
+            if path is not None and (trainer.epoch % cfg.checkpoint_every == 0
+                                     or trainer.epoch == cfg.epochs):
+                states: list[Any] = [None] * world_size
+                dist.all_gather_object(states, trainer.generator.get_state())
+                if rank == 0:
+                    atomic_save({**header, "trainer": trainer.state_dict(),
+                                 "generators": states, "world_size": world_size}, path)
+                dist.barrier()
+        if rank == 0:
+            state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+            torch.save({"state_dict": state, "history": trainer.history.__dict__}, out_path)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def train_hierarchy_distributed(graph: nx.DiGraph, dim: int | None = None,
+                                method: str | None = None, *,
+                                config: HierarchyConfig | None = None, world_size: int = 2,
+                                backend: str | None = None, master_addr: str = "127.0.0.1",
+                                master_port: int | None = None, train_edges: Any = None,
+                                known_edges: torch.Tensor | None = None,
+                                device: str | torch.device | None = None,
+                                threads_per_process: int = 1,
+                                model: BoxHierarchyModel | None = None,
+                                checkpoint: str | os.PathLike | None = None,
+                                resume: bool = False, **overrides: Any) -> TrainResult:
+    """:func:`~perturb.boxes.hierarchy.train_hierarchy` on ``world_size`` DDP processes.
+
+    ``config`` (and keyword overrides of its fields), ``train_edges``, ``known_edges``,
+    ``model``, ``checkpoint`` and ``resume`` mean what they mean for ``train_hierarchy``;
+    ``config.batch_size`` is per process (a step sees ``world_size · batch_size`` positives).
+    The initial boxes are those that ``train_hierarchy(..., seed=config.seed)`` starts from
+    (``config.seed=None``: a random seed shared by the processes).
+
+    Args:
+        world_size: number of processes (>= 1).
+        backend: ``"gloo"``, ``"nccl"`` or ``"mpi"``; default :func:`select_backend` (NCCL
+            with a CUDA ``device``, process r on GPU ``r mod device_count``; gloo on the CPU).
+        master_addr, master_port: the rendezvous address; default port: a free one.
+        threads_per_process: ``torch.set_num_threads`` in each worker.
+
+    Returns:
+        :class:`~perturb.boxes.hierarchy.TrainResult`: the model (on the CPU, rank 0's
+        parameters, identical on every rank) and the history, whose step metrics are averaged
+        over the ranks (``eval`` is empty: evaluate the returned model).
+
+    Raises:
+        ValueError: as ``train_hierarchy``; ``world_size < 1``; an unknown backend, or NCCL
+            without CUDA; a checkpoint written by another number of processes.
+        RuntimeError: a worker failed (its traceback is included).
+
+    Example:
+        >>> from perturb.boxes.hierarchy import balanced_tree
+        >>> res = train_hierarchy_distributed(balanced_tree(2, 3), 2, world_size=2,
+        ...                                   epochs=3, seed=0)                # doctest: +SKIP
+    """
+    world_size = check_int(world_size, "world_size", low=1)
+    cfg = resolve_config(config, dim, method, **overrides)
+    backend = select_backend(device, backend)
+    if resume and checkpoint is None:
+        raise ValueError("resume=True needs a checkpoint path")
+    pos = training_pairs(graph, train_edges, cfg.closure)
+    n = graph.number_of_nodes()
+    seed = cfg.seed if cfg.seed is not None else int(
+        torch.randint(0, 2 ** 31 - 1, (1,), generator=resolve_generator()))
+    cfg = cfg.replace(seed=seed)                  # the processes (and a resume) share it
+    model_kwargs = cfg.model_kwargs()
+    init_state = None
+    if model is not None:
+        if model.num_nodes != n or model.dim != cfg.dim:
+            raise ValueError(f"model has {model.num_nodes} boxes of dim {model.dim}, the graph "
+                             f"needs {n} of dim {cfg.dim}")
+        hp = model.hparams()
+        model_kwargs = {k: hp[k] for k in model_kwargs}
+        init_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    known = PairSet(pos if known_edges is None else check_pairs(known_edges, n, "known_edges"),
+                    n, include_self=True)
+    path = None if checkpoint is None else os.fspath(checkpoint)
+    job = dict(config=cfg, model_kwargs=model_kwargs, init_state=init_state, seed=seed,
+               num_nodes=n, nodes=list(graph.nodes), device=device, backend=backend,
+               master_addr=master_addr,
+               master_port=master_port if master_port is not None else free_port(master_addr),
+               pos=pos, known=known, threads=threads_per_process, checkpoint=path,
+               header=None if path is None else checkpoint_header(cfg, pos, n),
+               resume=bool(resume and path is not None and os.path.exists(path)))
+    with tempfile.TemporaryDirectory(prefix="perturb_ddp_") as tmp:
+        out_path = os.path.join(tmp, "rank0.pt")
+        mp.spawn(_worker, args=(world_size, job, out_path), nprocs=world_size, join=True)
+        saved = torch.load(out_path, weights_only=True)
+    result = BoxHierarchyModel(n, nodes=list(graph.nodes), **model_kwargs)
+    result.load_state_dict(saved["state_dict"])
+    result.eval()
+    return TrainResult(result, TrainHistory(**saved["history"]))

@@ -1,0 +1,45 @@
+"""Tests for perturb.boxes.hierarchy.io: saving and loading trained models."""
+from __future__ import annotations
+
+import networkx as nx
+import pytest
+import torch
+
+from perturb.boxes.hierarchy import (BoxHierarchyModel, HierarchyConfig, balanced_tree,
+                                     load_model, save_model, train_hierarchy)
+
+
+@pytest.mark.parametrize("method", ["gumbel", "soft", "hard"])
+def test_save_load_round_trip(tmp_path, method):
+    g = nx.relabel_nodes(balanced_tree(2, 3), {i: f"n{i}" for i in range(15)})
+    cfg = HierarchyConfig(dim=3, method=method, epochs=2, batch_size=8, seed=0,
+                          dtype="float64", parameterisation="min_delta")
+    res = train_hierarchy(g, config=cfg, progress=False)
+    path = tmp_path / "model.pt"
+    save_model(res.model, path, cfg)
+    model, config = load_model(path)
+    assert config == cfg and model.nodes == list(g.nodes)
+    assert model.hparams() == res.model.hparams() and not model.training
+    for k, v in res.model.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v)
+    child, parent = model.ids(["n7", "n7"]), model.ids(["n3", "n0"])
+    torch.testing.assert_close(model.log_containment(child, parent),
+                               res.model.log_containment(child, parent), rtol=0, atol=0)
+    # loads with weights_only (no code runs), and without a config
+    save_model(res.model, path)
+    assert load_model(path).config is None
+
+
+def test_save_load_errors(tmp_path):
+    model = BoxHierarchyModel(2, 2, nodes=[object(), object()])
+    with pytest.raises(ValueError, match="node labels"):
+        save_model(model, tmp_path / "m.pt")
+    with pytest.raises(ValueError, match="BoxHierarchyModel"):
+        save_model(torch.nn.Linear(2, 2), tmp_path / "m.pt")
+    torch.save({"something": 1}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="not a hierarchy model"):
+        load_model(tmp_path / "other.pt")
+    with pytest.raises(FileNotFoundError):
+        load_model(tmp_path / "missing.pt")
+    with pytest.raises(ValueError, match="not a node"):
+        BoxHierarchyModel(2, 2, nodes=["a", "b"]).ids(["c"])

@@ -1,0 +1,324 @@
+"""Tests for perturb.boxes.hierarchy.training: reconstruction, training health, diagnostics on a
+schedule, the device-resident step (no host reads), reproducibility, checkpoints and resume."""
+from __future__ import annotations
+
+import networkx as nx
+import pytest
+import torch
+
+from perturb.boxes.hierarchy import (
+    BoxHierarchyModel,
+    all_pairs_f1,
+    balanced_tree,
+    edge_index,
+    evaluate,
+    random_dag,
+    split_hierarchy,
+    train_hierarchy,
+    transitive_closure,
+)
+from perturb.boxes.hierarchy.training import stalled_pairs
+
+# ----------------------------------------------------------------------------- training
+
+def test_training_reconstructs_small_tree():
+    g = balanced_tree(2, 3)
+    res = train_hierarchy(g, 2, "gumbel", epochs=40, lr=0.05, batch_size=16,
+                          negatives_per_positive=8, seed=0, progress=False)
+    clo = edge_index(g, transitive_closure(g).edges)
+    f1 = all_pairs_f1(res.model, clo).f1
+    h = res.history
+    assert f1 >= 0.9, f1
+    assert h.loss[-1] < 0.5 * h.loss[0]
+    assert len(h.loss) == len(h.volume_quantiles) == len(h.containment_accuracy) == 40
+    assert len(h.step_loss) == 40 * 3                                 # 34 edges, 3 batches
+    # diagnostics on the first step of each epoch (3 steps < diagnostics_every = 50)
+    assert h.diagnostic_steps == list(range(0, 120, 3)) and len(h.zero_grad_fraction) == 40
+    q = torch.tensor(h.volume_quantiles)
+    assert bool((q[:, 1:] >= q[:, :-1]).all())                     # quantiles are ordered
+    assert h.containment_accuracy[-1] > 0.9
+
+
+def test_hard_boxes_have_zero_gradients_where_gumbel_does_not():
+    """Local identifiability: tiny disjoint boxes give hard boxes exactly zero gradients."""
+    g = random_dag(30, 0.05, seed=0)
+    kw = dict(epochs=1, batch_size=1000, negatives_per_positive=0, seed=0, progress=False,
+              init=(0.01, 0.02))
+    hard = train_hierarchy(g, 4, "hard", **kw).history.zero_grad_fraction[0]
+    gumbel = train_hierarchy(g, 4, "gumbel", beta=0.05, **kw).history.zero_grad_fraction[0]
+    soft = train_hierarchy(g, 4, "soft", temperature=0.05, **kw).history.zero_grad_fraction[0]
+    assert hard > 0.9
+    assert gumbel == 0.0
+    assert soft < hard
+
+
+def test_stalled_pairs_hard_all_gumbel_none():
+    """Violated pairs whose own loss has zero gradient: every disjoint hard positive, no
+    Gumbel pair (the local identifiability of Dasgupta et al.)."""
+    g = random_dag(30, 0.05, seed=0)
+    kw = dict(epochs=1, batch_size=1000, negatives_per_positive=0, seed=0, progress=False,
+              init=(0.01, 0.02))
+    hard = train_hierarchy(g, 4, "hard", **kw).history
+    gumbel = train_hierarchy(g, 4, "gumbel", beta=0.05, **kw).history
+    assert hard.epoch_violated_fraction[0] > 0.9          # tiny random boxes: all disjoint
+    assert hard.epoch_stalled_fraction[0] > 0.9
+    assert gumbel.epoch_violated_fraction[0] > 0.9
+    assert gumbel.epoch_stalled_fraction[0] == 0.0
+    assert hard.stalled_fraction == hard.epoch_stalled_fraction
+
+
+def test_stalled_pairs_counts_nested_hard_negative():
+    """A negative pair nested by hard boxes (p = 1) is violated and stalled; the same pair as a
+    positive is satisfied. Gumbel boxes give it a gradient."""
+    for method, stalled in (("hard", 1), ("gumbel", 0)):
+        m = BoxHierarchyModel(2, 2, method, init=(0.1, 0.5), generator=torch.Generator()
+                              .manual_seed(0), dtype=torch.float64)
+        with torch.no_grad():      # box 0 = [0.4, 0.5]^2 inside box 1 = [0, 1]^2
+            m.embedding.param1.copy_(torch.tensor([[0.45, 0.45], [0.5, 0.5]]))
+            m.embedding.param2.copy_(torch.tensor([[0.05, 0.05], [0.5, 0.5]]).expm1().log())
+            box = m.embedding.all_boxes()
+        torch.testing.assert_close(box.lower[0], torch.full((2,), 0.4, dtype=torch.float64))
+        pairs = torch.tensor([[0, 1]])
+        counts = lambda p, n_pos: tuple(int(c) for c in stalled_pairs(m, p, n_pos))  # noqa
+        assert counts(pairs, 0) == (stalled, 1)                         # as a negative
+        assert counts(pairs.repeat(9, 1), 0) == (9 * stalled, 9)
+        assert counts(pairs, 1) == (0, 0)                               # as a positive
+
+
+def test_training_is_reproducible_and_accepts_edges():
+    g = random_dag(15, 0.1, seed=4)
+    kw = dict(epochs=3, batch_size=8, negatives_per_positive=3, progress=False)
+    a = train_hierarchy(g, 3, seed=5, **kw).model.state_dict()
+    b = train_hierarchy(g, 3, generator=torch.Generator().manual_seed(5), **kw).model.state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+    c = train_hierarchy(g, 3, seed=5, train_edges=list(transitive_closure(g).edges), **kw)
+    assert c.model.nodes == list(g.nodes)
+    evals = train_hierarchy(g, 3, seed=5, eval_fn=lambda m: {"x": 1.0}, eval_every=2, **kw)
+    assert [e["epoch"] for e in evals.history.eval] == [2, 3]
+
+
+def test_generalisation_split_pipeline():
+    g = balanced_tree(2, 3)
+    split = split_hierarchy(g, train_fraction=0.5, val_fraction=0.5, seed=0)
+    res = train_hierarchy(g, 2, epochs=5, seed=0, train_edges=split.train, progress=False,
+                          negatives_per_positive=4)
+    gen = torch.Generator().manual_seed(1)
+    n = g.number_of_nodes()
+    val_neg = torch.randint(n, (split.val.shape[0] * 4, 2), generator=gen)
+    pairs = torch.cat([split.val, val_neg])
+    labels = torch.cat([torch.ones(split.val.shape[0]), torch.zeros(val_neg.shape[0])])
+    val = evaluate(res.model, pairs, labels)
+    test = evaluate(res.model, split.test, torch.ones(split.test.shape[0]), val.threshold)
+    assert 0.0 <= test.f1 <= 1.0 and test.threshold == val.threshold
+
+
+def test_bad_arguments():
+    g = balanced_tree(2, 2)
+    with pytest.raises(ValueError, match="acyclic"):
+        train_hierarchy(nx.DiGraph([(0, 1), (1, 0)]), 2, progress=False)
+    with pytest.raises(ValueError, match="method"):
+        train_hierarchy(g, 2, "fuzzy", epochs=1, progress=False)
+    with pytest.raises(ValueError, match="not a node"):
+        train_hierarchy(g, 2, train_edges=[(0, 99)], epochs=1, progress=False)
+    with pytest.raises(ValueError, match="beta"):
+        train_hierarchy(g, 2, beta=0.0, epochs=1, progress=False)
+    with pytest.raises(ValueError, match="batch_size"):
+        train_hierarchy(g, 2, batch_size=0, epochs=1, progress=False)
+    with pytest.raises(ValueError, match="either generator or seed"):
+        train_hierarchy(g, 2, seed=1, generator=torch.Generator(), epochs=1, progress=False)
+
+
+# ----------------------------------------------------------------------------- the step
+
+def test_diagnostics_schedule():
+    g = random_dag(60, 0.05, seed=1)          # closure of ~150 edges, batches of 16: ~10 steps
+    kw = dict(epochs=2, batch_size=16, negatives_per_positive=2, seed=0, progress=False)
+    every3 = train_hierarchy(g, 3, diagnostics_every=3, **kw).history
+    steps = len(every3.step_loss) // 2
+    expect = [e * steps + s for e in range(2) for s in range(0, steps, 3)]
+    assert every3.diagnostic_steps == expect
+    assert len(every3.zero_grad_fraction) == len(every3.stalled_fraction) == len(expect)
+    every1 = train_hierarchy(g, 3, diagnostics_every=1, **kw).history
+    assert every1.diagnostic_steps == list(range(2 * steps))
+    never = train_hierarchy(g, 3, diagnostics_every=0, **kw).history
+    assert never.diagnostic_steps == [] and never.epoch_stalled_fraction == [0.0, 0.0]
+    # the diagnostics read the step, they never change it
+    for a, b in zip(every1.step_loss, never.step_loss):
+        assert a == b
+
+
+def test_step_reads_nothing_back(monkeypatch):
+    """A training step (diagnostics included) makes no host read of its own: with the regime
+    checks of the box core made branch-free (what they do under vmap), no `.item()`-like op
+    remains except the CPU fused-Adam kernel's reads of its CPU step counter, and every
+    `nonzero` (a synchronisation on CUDA) comes from the box core's nested-pair path."""
+    import sys
+    from perturb._validation import set_validation
+    from perturb.boxes.hierarchy import HierarchyConfig, Trainer
+    from perturb.boxes.losses import PairSet
+    import perturb.boxes  # noqa: F401  (the submodules below are shadowed by functions)
+    vol, inter = sys.modules["perturb.boxes.volume"], sys.modules["perturb.boxes.intersection"]
+    monkeypatch.setattr(vol, "_any", lambda cond: True)
+    monkeypatch.setattr(inter, "_merge_nested", lambda far, nested, near: far.reshape(-1)
+                        .index_put((nested.reshape(-1),), near).reshape(far.shape))
+    gen = torch.Generator().manual_seed(0)
+    n = 300
+    pos = torch.randint(n, (500, 2), generator=gen)
+    cfg = HierarchyConfig(dim=4, sampler="fixed", negative_max_tries=8, volume_reg=0.1)
+    model = BoxHierarchyModel(n, generator=gen, **cfg.model_kwargs())
+    trainer = Trainer(model, pos, PairSet(pos, n, include_self=True), cfg,
+                      torch.Generator().manual_seed(1))
+    for diagnostics in (False, True):
+        with set_validation(False):
+            trainer.step(pos[:32], diagnostics)
+            with torch.profiler.profile(with_stack=True) as prof:
+                trainer.step(pos[:32], diagnostics)
+        for e in prof.events():
+            if e.name == "aten::_local_scalar_dense":
+                parents = []
+                p = e.cpu_parent
+                while p is not None:
+                    parents.append(p.name)
+                    p = p.cpu_parent
+                assert "aten::_fused_adam_" in parents, parents
+            if e.name == "aten::nonzero" and e.stack:
+                assert any("intersection.py" in f for f in e.stack), e.stack
+
+
+def test_fixed_and_adaptive_samplers_train_alike():
+    g = balanced_tree(2, 3)
+    clo = edge_index(g, transitive_closure(g).edges)
+    kw = dict(epochs=40, lr=0.05, batch_size=16, negatives_per_positive=8, seed=0,
+              progress=False)
+    for sampler in ("adaptive", "fixed"):
+        res = train_hierarchy(g, 2, "gumbel", sampler=sampler, **kw)
+        assert all_pairs_f1(res.model, clo).f1 >= 0.9
+        assert sum(res.history.known_negatives) == 0
+
+
+def test_volume_penalty_counts_each_box_once():
+    """λ Σ_{distinct boxes of the batch} 1[Vol > τ]·Vol, computed without finding the
+    distinct ids, against a direct sum over torch.unique."""
+    from perturb.boxes.hierarchy import HierarchyConfig, Trainer
+    from perturb.boxes.losses import PairSet
+    gen = torch.Generator().manual_seed(0)
+    cfg = HierarchyConfig(dim=2, volume_reg=1.0, volume_threshold=0.01, dtype=torch.float64)
+    model = BoxHierarchyModel(10, generator=gen, **cfg.model_kwargs())
+    pairs = torch.tensor([[0, 1], [0, 2], [3, 1], [0, 1]])
+    trainer = Trainer(model, pairs, PairSet(pairs, 10), cfg, torch.Generator())
+    ours = trainer._volume_penalty(pairs)
+    vol = torch.exp(model.log_volume(torch.unique(pairs)))
+    torch.testing.assert_close(ours, torch.where(vol > 0.01, vol, 0.0).sum(), rtol=1e-12,
+                               atol=0)
+
+
+# ----------------------------------------------------------------------------- arguments
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(accuracy_threshold=2.0), "accuracy_threshold"),
+    (dict(grad_tol=-1.0), "grad_tol"),
+    (dict(volume_reg=float("nan")), "volume_reg"),
+    (dict(negative_weight=float("nan")), "negative_weight"),
+    (dict(negative_max_tries=0), "negative_max_tries"),
+    (dict(diagnostics_every=-1), "diagnostics_every"),
+    (dict(lr=float("inf")), "lr"),
+    (dict(sampler="magic"), "sampler"),
+    (dict(dim=0), "dim"),
+])
+def test_bad_hyper_parameters_name_the_argument(kw, match):
+    kw = {"dim": 2, **kw}
+    with pytest.raises(ValueError, match=match):
+        train_hierarchy(balanced_tree(2, 2), epochs=1, progress=False, **kw)
+
+
+def test_unknown_keyword_is_a_type_error():
+    with pytest.raises(TypeError, match="epochz"):
+        train_hierarchy(balanced_tree(2, 2), 2, epochz=1, progress=False)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+_RUN = dict(epochs=6, batch_size=16, negatives_per_positive=4, seed=7, progress=False,
+            diagnostics_every=2, checkpoint_every=1)
+_KILLED_RUN = """
+import os, signal, sys, torch
+torch.set_num_threads(1)
+from perturb.boxes.hierarchy import random_dag, train_hierarchy
+path, kill_after = sys.argv[1], int(sys.argv[2])
+def hook(epoch, trainer):
+    if epoch == kill_after:
+        os.kill(os.getpid(), signal.SIGKILL)      # no clean-up, no atexit: a hard crash
+train_hierarchy(random_dag(40, 0.1, seed=3), 3, checkpoint=path, resume=True,
+                on_epoch_end=hook, **%r)
+""" % (_RUN,)
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_killed_run_resumes_bit_identically(tmp_path, one_thread):
+    """A run killed (SIGKILL) after epoch 3 and resumed from its checkpoint ends with exactly
+    the parameters, optimizer state and history of a run that was never interrupted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parents[3])
+    path = tmp_path / "run.ckpt"
+    env = {**os.environ, "PYTHONPATH": root}
+    out = subprocess.run([sys.executable, "-c", _KILLED_RUN, str(path), "3"], env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    assert path.is_file() and not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
+    g = random_dag(40, 0.1, seed=3)
+    resumed = train_hierarchy(g, 3, checkpoint=path, resume=True, **_RUN)
+    straight = train_hierarchy(g, 3, **_RUN)
+    for name, p in straight.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[name], p), name
+    a, b = resumed.history, straight.history
+    assert a.step_loss == b.step_loss and a.loss == b.loss
+    assert a.diagnostic_steps == b.diagnostic_steps and a.stalled_fraction == b.stalled_fraction
+    assert a.volume_quantiles == b.volume_quantiles and len(a.seconds) == 6
+    # resuming a finished run trains no more; a longer run continues from it
+    again = train_hierarchy(g, 3, checkpoint=path, resume=True, **_RUN)
+    assert torch.equal(again.model.embedding.param1, straight.model.embedding.param1)
+    longer = train_hierarchy(g, 3, checkpoint=path, resume=True, **{**_RUN, "epochs": 7})
+    assert len(longer.history.loss) == 7
+
+
+def test_resume_refuses_another_run(tmp_path):
+    g = random_dag(30, 0.1, seed=0)
+    path = tmp_path / "c.pt"
+    kw = dict(epochs=1, batch_size=16, seed=0, progress=False)
+    train_hierarchy(g, 2, checkpoint=path, **kw)
+    with pytest.raises(ValueError, match="lr"):
+        train_hierarchy(g, 2, checkpoint=path, resume=True, **{**kw, "lr": 0.1})
+    with pytest.raises(ValueError, match="other data"):
+        train_hierarchy(g, 2, checkpoint=path, resume=True, train_edges=list(g.edges), **kw)
+    with pytest.raises(ValueError, match="checkpoint"):
+        train_hierarchy(g, 2, resume=True, **kw)
+    # no file yet: resume=True starts from scratch
+    fresh = train_hierarchy(g, 2, checkpoint=tmp_path / "new.pt", resume=True, **kw)
+    assert len(fresh.history.loss) == 1 and (tmp_path / "new.pt").is_file()
+
+
+def test_atomic_save_keeps_the_old_file_when_a_write_fails(tmp_path):
+    from perturb.boxes.hierarchy.io import atomic_save
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("disk full")
+
+    path = tmp_path / "ckpt.pt"
+    atomic_save({"epoch": 1}, path)
+    with pytest.raises(RuntimeError, match="disk full"):
+        atomic_save({"epoch": 2, "bad": Unpicklable()}, path)
+    assert torch.load(path, weights_only=True) == {"epoch": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
