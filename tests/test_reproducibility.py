@@ -110,10 +110,31 @@ def _train_case(s):
 
 
 def _distributed_case(s):
+    # the seed reaches the distributed trainer through its HierarchyConfig
     graph = nx.balanced_tree(2, 2, create_using=nx.DiGraph).reverse()
-    result = perturb.boxes.distributed.train_hierarchy_distributed(
-        graph, dim=2, epochs=2, batch_size=4, negatives_per_positive=1, seed=s, world_size=2)
+    config = perturb.boxes.hierarchy.HierarchyConfig(dim=2, epochs=2, batch_size=4,
+                                                     negatives_per_positive=1, seed=s)
+    result = perturb.boxes.distributed.train_hierarchy_distributed(graph, config=config,
+                                                                   world_size=2)
     return tuple(p.detach() for p in result.model.parameters())
+
+
+def _trainer_case(s):
+    h = perturb.boxes.hierarchy
+    graph = nx.balanced_tree(2, 3, create_using=nx.DiGraph).reverse()
+    config = h.HierarchyConfig(dim=2, epochs=1, batch_size=4, negatives_per_positive=2)
+    model = h.BoxHierarchyModel(graph.number_of_nodes(), 2, generator=_gen(0))
+    pos = h.edge_index(graph)
+    known = perturb.boxes.losses.PairSet(pos, model.num_nodes, include_self=True)
+    trainer = h.Trainer(model, pos, known, config, _gen(s))
+    trainer.run_epoch()
+    return tuple(p.detach() for p in model.parameters())
+
+
+def _split_case(s):
+    graph = perturb.boxes.hierarchy.random_dag(40, seed=0)
+    split = perturb.boxes.hierarchy.dasgupta_split(graph, 0.1, eval_fraction=0.2, seed=s)
+    return split.train, split.val, split.test_pairs
 
 
 def _checks_case(name):
@@ -175,7 +196,11 @@ CASES = {
     "sample_negatives": lambda s: (perturb.boxes.sample_negatives(
         torch.tensor([[0, 1], [2, 3], [4, 1]]), 6, 3, generator=_gen(s)),),
     "train_hierarchy": _train_case,
-    "train_hierarchy_distributed": _distributed_case,
+    "HierarchyConfig.__init__": _distributed_case,
+    "Trainer.__init__": _trainer_case,
+    "dasgupta_split": _split_case,
+    "resolve_generator": lambda s: (torch.rand(4, generator=perturb.boxes.hierarchy.
+                                               resolve_generator(seed=s)),),
     "random_dag": lambda s: (torch.tensor(sorted(perturb.boxes.datasets.random_dag(
         30, seed=s).edges)),),
     "random_tree": lambda s: (torch.tensor(sorted(perturb.boxes.datasets.random_tree(

@@ -20,8 +20,8 @@ from typing import Callable
 import torch
 
 from perturb._validation import check_choice, check_int, validation_enabled
-from perturb.boxes.box import Box
-from perturb.boxes.intersection import (log1m_containment_prob, log1mexp,
+from perturb.boxes.box import Box, _broadcast_boxes
+from perturb.boxes.intersection import (log1m_containment_prob, _log1mexp, log1mexp,
                                         log_containment_prob, overlap)
 from perturb.boxes.volume import volume
 
@@ -88,7 +88,7 @@ def _binary_loss(log_p: torch.Tensor, target: torch.Tensor | float | None, negat
     if negatives == "nll":
         if log1m_p is None:
             # Clamp so that p == 1 in floating point gives a large finite loss, not inf.
-            neg = -log1mexp(log_p.clamp(max=-torch.finfo(log_p.dtype).eps))
+            neg = -_log1mexp(log_p.clamp(max=-torch.finfo(log_p.dtype).eps))
         else:
             neg = negative_nll(log1m_p())
     else:
@@ -139,6 +139,7 @@ def containment_loss(parent: Box, child: Box, beta: float | torch.Tensor | None 
         tensor(True)
     """
     _check_margin(margin)
+    parent, child = _broadcast_boxes(parent, child, ("parent", "child"))
     log_p = log_containment_prob(parent, child, beta, volume_beta, temperature=temperature,
                                  approx=approx)
 

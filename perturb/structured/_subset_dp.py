@@ -379,7 +379,9 @@ class _KSubsetMarginals(torch.autograd.Function):
 def _log_partition_tilted(ys: torch.Tensor, nu: torch.Tensor, k: int) -> torch.Tensor:
     """A(ys) = log P_ν(N = k) + Σ softplus(ys − ν) + kν, plain torch ops; ``(B, n) -> (B,)``."""
     root = _inside(_leaves(torch.sigmoid(ys - nu).t()), k)[-1]
-    return torch.log(root[0, :, k]) + F.softplus(ys - nu).sum(-1) + k * nu[:, 0]
+    # softplus as logaddexp(x, 0): F.softplus returns x itself above x = 20, off by e^{-20}
+    x = ys - nu
+    return torch.log(root[0, :, k]) + torch.logaddexp(x, x.new_zeros(())).sum(-1) + k * nu[:, 0]
 
 
 class _KSubsetLogPartition(torch.autograd.Function):

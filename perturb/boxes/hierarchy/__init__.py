@@ -19,7 +19,7 @@ from perturb.boxes.hierarchy.graphs import (balanced_tree, check_hierarchy, chec
                                             edge_index, random_dag, random_tree, sub_hierarchy,
                                             transitive_closure, transitive_reduction)
 from perturb.boxes.hierarchy.io import SavedModel, load_checkpoint, load_model, save_model
-from perturb.boxes.hierarchy.model import BoxHierarchyModel, PairScores
+from perturb.boxes.hierarchy.model import BoxHierarchyModel, PairScores, check_model
 from perturb.boxes.hierarchy.rng import resolve_generator
 from perturb.boxes.hierarchy.splits import (BenchmarkSplit, HierarchySplit, dasgupta_split,
                                             split_hierarchy)
@@ -58,6 +58,7 @@ __all__ = [
     # data
     "edge_index",
     "check_pairs",
+    "check_model",
     "check_hierarchy",
     "transitive_closure",
     "transitive_reduction",

@@ -17,7 +17,7 @@ import torch
 
 from perturb.boxes.box import Box
 from perturb.boxes.hierarchy.graphs import check_pairs
-from perturb.boxes.hierarchy.model import BoxHierarchyModel
+from perturb.boxes.hierarchy.model import BoxHierarchyModel, check_model
 from perturb.boxes.hierarchy.splits import BenchmarkSplit
 
 __all__ = ["EvalResult", "SplitEval", "best_f1_threshold", "evaluate", "evaluate_split",
@@ -119,6 +119,7 @@ def evaluate(model: BoxHierarchyModel, pairs: torch.Tensor, labels: torch.Tensor
         >>> val = evaluate(model, val_pairs, val_labels)                    # doctest: +SKIP
         >>> test = evaluate(model, test_pairs, test_labels, val.threshold)   # doctest: +SKIP
     """
+    check_model(model)
     pairs = check_pairs(pairs, model.num_nodes, "pairs")
     if labels.shape != pairs.shape[:1]:
         raise ValueError(f"labels must have shape ({pairs.shape[0]},), got {tuple(labels.shape)}")
@@ -150,6 +151,7 @@ def all_pairs_f1(model: BoxHierarchyModel, positives: torch.Tensor,
     """F1 over all ordered pairs ``(u, v)``, ``u != v`` (the reconstruction setting): the
     positives are the given ``(child, parent)`` edges (normally the transitive closure), every
     other pair is negative; best threshold when ``threshold`` is None."""
+    check_model(model)
     n = model.num_nodes
     positives = check_pairs(positives, n, "positives")
     scores = score_all_pairs(model)
@@ -172,6 +174,7 @@ def evaluate_split(model: BoxHierarchyModel, split: BenchmarkSplit, *,
     Raises:
         ValueError: the model's nodes differ from the split's.
     """
+    check_model(model)
     if model.num_nodes != len(split.nodes):
         raise ValueError(f"model has {model.num_nodes} boxes, the split {len(split.nodes)} "
                          f"nodes; train on split.graph")

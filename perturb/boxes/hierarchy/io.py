@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import torch
 
 from perturb.boxes.hierarchy.config import RESUMABLE_CHANGES, HierarchyConfig
-from perturb.boxes.hierarchy.model import BoxHierarchyModel
+from perturb.boxes.hierarchy.model import BoxHierarchyModel, check_model
 
 __all__ = ["atomic_save", "save_model", "load_model", "SavedModel", "MODEL_FORMAT",
            "checkpoint_header", "load_checkpoint", "CHECKPOINT_FORMAT"]
@@ -83,8 +83,7 @@ def save_model(model: BoxHierarchyModel, path: str | os.PathLike,
         ValueError: ``model`` is not a BoxHierarchyModel; a node label that is not a str, int,
             float, bool or a tuple of them (other types would need unsafe unpickling).
     """
-    if not isinstance(model, BoxHierarchyModel):
-        raise ValueError(f"model must be a BoxHierarchyModel, got {type(model).__name__}")
+    check_model(model)
     bad = next((u for u in model.nodes if not _check_label(u)), None)
     if bad is not None:
         raise ValueError(f"node labels must be str, int, float, bool or tuples of them to be "

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from perturb._validation import check_choice, check_tau
+from perturb._validation import check_choice, check_int, check_tau
 from perturb.boxes.box import Box
 from perturb.boxes.embedding import BoxEmbedding
 # TODO(intersection.py owner): export this as a public name (log(1 − P) given log P); it is
@@ -28,7 +28,7 @@ from perturb.boxes.intersection import _log1m_containment, intersection, log_con
 from perturb.boxes.volume import volume
 from perturb.boxes.hierarchy.config import METHODS
 
-__all__ = ["BoxHierarchyModel", "PairScores"]
+__all__ = ["BoxHierarchyModel", "PairScores", "check_model"]
 
 
 class PairScores(NamedTuple):
@@ -73,6 +73,7 @@ class BoxHierarchyModel(nn.Module):
                  generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
+        check_int(num_nodes, "num_nodes", low=1)
         check_choice(method, METHODS, "method")
         check_tau(beta, "beta")
         check_tau(temperature, "temperature")
@@ -218,3 +219,9 @@ class BoxHierarchyModel(nn.Module):
         extra = {"gumbel": f", beta={self.beta}, volume_beta={self.volume_beta}",
                  "soft": f", temperature={self.temperature}", "hard": ""}[self.method]
         return f"num_nodes={self.num_nodes}, dim={self.dim}, method={self.method!r}{extra}"
+
+
+def check_model(model: object) -> None:
+    """ValueError unless ``model`` is a :class:`BoxHierarchyModel`."""
+    if not isinstance(model, BoxHierarchyModel):
+        raise ValueError(f"model must be a BoxHierarchyModel, got {type(model).__name__}")
