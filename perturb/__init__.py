@@ -42,5 +42,7 @@ __all__ = [
     "Regularizer", "Entropy", "SquaredNorm", "BinaryEntropy", "ExpFamilyEntropy",
     "Noise", "Gumbel", "Normal", "Gaussian", "Logistic", "Uniform", "Discrete",
     "implicit_root", "finite_difference_solve", "straight_through",
-    "set_validation", "validation_enabled", "structured", "nn", "checks", "boxes",
+    "set_validation", "validation_enabled",
 ]
+# The subpackages (structured, nn, checks, boxes) are attributes, not in __all__: a star import
+# must not rebind a user's `nn` (torch.nn).

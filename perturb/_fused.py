@@ -45,19 +45,19 @@ warning, and that call is recomputed eagerly from the same noise.
 """
 from __future__ import annotations
 
-import contextlib
 import numbers
 import os
 import warnings
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
+from perturb._validation import _Flag, _Switch
 from perturb.noise import Gumbel, Normal, _check_generator
 
 __all__ = ["set_compiled", "compiled_enabled", "relax_softmax"]
 
-_ENABLED = os.environ.get("PERTURB_COMPILE", "1") != "0"
+_ENABLED = _Flag(os.environ.get("PERTURB_COMPILE", "1") != "0")
 _FAILED = False  # set by the first failure of a compiled call: eager from then on
 _DEVICES = ("cuda",)  # device types that take the compiled path (tests add "cpu")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -67,24 +67,19 @@ _HAS_TRITON: bool | None = None
 
 def compiled_enabled() -> bool:
     """Whether the compiled path may run (the switch is on and it has not failed)."""
-    return _ENABLED and not _FAILED
+    return _ENABLED.value and not _FAILED
 
 
-@contextlib.contextmanager
-def set_compiled(enabled: bool) -> Iterator[None]:
-    """Switch the compiled CUDA path on or off (a context manager, like ``set_validation``).
+class set_compiled(_Switch):
+    """Switch the compiled CUDA path on or off: a plain call or a context manager, like
+    :func:`perturb.set_validation`.
 
     Off, :func:`perturb.gumbel_softmax`, :func:`perturb.gaussian_softmax` and
     :func:`perturb.relax` run the eager composition everywhere. The environment variable
     ``PERTURB_COMPILE=0`` sets the default to off.
     """
-    global _ENABLED
-    previous = _ENABLED
-    _ENABLED = bool(enabled)
-    try:
-        yield
-    finally:
-        _ENABLED = previous
+
+    flag = _ENABLED
 
 
 def _has_triton() -> bool:
@@ -106,7 +101,7 @@ def _being_traced() -> bool:
 
 def _applies(theta: torch.Tensor, noise: object, tau: object) -> bool:
     """Whether the compiled path runs; on CPU it returns after one attribute read."""
-    if theta.device.type not in _DEVICES or not _ENABLED or _FAILED:
+    if theta.device.type not in _DEVICES or not _ENABLED.value or _FAILED:
         return False
     if type(noise) not in (Gumbel, Normal) or isinstance(tau, bool) \
             or not isinstance(tau, numbers.Real):

@@ -21,32 +21,59 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-from typing import Iterator, Sequence
+from typing import Callable, Sequence
 
 import torch
 
-_VALIDATE = True
+class _Flag:
+    """A process-wide boolean setting. Not per thread: autograd runs CUDA backward passes on
+    its own threads, which must see the setting of the thread that built the graph."""
+
+    def __init__(self, default: bool) -> None:
+        self.value = default
+
+
+class _Switch:
+    """Sets its ``flag`` at once; as a context manager, restores the previous value on exit
+    (the ``torch.set_grad_enabled`` pattern: a plain call is never silently undone)."""
+
+    flag: _Flag
+
+    def __init__(self, enabled: bool) -> None:
+        if not isinstance(enabled, bool):   # bool("false") is True: refuse strings and the like
+            raise ValueError(f"enabled must be a bool, got {enabled!r}")
+        self.previous = self.flag.value
+        self.flag.value = enabled
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self.flag.value = self.previous
+
+
+_VALIDATION = _Flag(True)
 # devices whose value checks are device-side asserts instead of host reads (tests add "cpu")
 _ASYNC_DEVICES = ("cuda",)
 
 
 def validation_enabled() -> bool:
     """Whether the value checks (finiteness, membership) currently run."""
-    return _VALIDATE
+    return _VALIDATION.value
 
 
-@contextlib.contextmanager
-def set_validation(enabled: bool) -> Iterator[None]:
-    """Context manager switching the value checks on or off (structural checks always run)."""
-    global _VALIDATE
-    if not isinstance(enabled, bool):   # bool("false") is True: refuse strings and the like
-        raise ValueError(f"enabled must be a bool, got {enabled!r}")
-    previous = _VALIDATE
-    _VALIDATE = enabled
-    try:
-        yield
-    finally:
-        _VALIDATE = previous
+class set_validation(_Switch):
+    """Switch the value checks on or off (structural checks always run), process-wide.
+
+    Like ``torch.set_grad_enabled``: a plain call switches at once and stays switched; used as
+    a context manager it restores the previous setting on exit::
+
+        perturb.set_validation(False)          # from here on
+        with perturb.set_validation(False):    # only inside the block
+            ...
+    """
+
+    flag = _VALIDATION
 
 
 def _assert_on_device(ok: torch.Tensor, message: str) -> None:
@@ -55,6 +82,33 @@ def _assert_on_device(ok: torch.Tensor, message: str) -> None:
     The message is cut to the 255 characters a CUDA device assert can carry.
     """
     torch._assert_async(ok, message[:250])
+
+
+def reads_stall(t: torch.Tensor) -> bool:
+    """Whether reading a value of ``t`` on the host would stall its device (CUDA): there, value
+    checks become device-side asserts and data-dependent shortcuts take their general path."""
+    return t.device.type in _ASYNC_DEVICES
+
+
+def check_value(ok: torch.Tensor, message: str,
+                detail: Callable[[], str] | None = None) -> None:
+    """ValueError(``message``) unless the boolean scalar tensor ``ok`` holds.
+
+    The one way a value check reads its verdict: a host read on the CPU (and other non-CUDA
+    devices); ``torch._assert_async`` on CUDA, so that the check never stalls the device (module
+    docstring). Inside ``torch.func`` transforms (vmap, grad) the verdict cannot be read and the
+    check is skipped. Callers test :func:`validation_enabled` first. ``detail()``, called only
+    where the value can be read without a stall, adds the offending value to the message.
+    """
+    if reads_stall(ok):
+        _assert_on_device(ok, "perturb: " + message)
+        return
+    try:
+        good = bool(ok)
+    except RuntimeError:        # a functorch-wrapped tensor: its value is not readable
+        return
+    if not good:
+        raise ValueError(message + (f", got {detail()}" if detail is not None else ""))
 
 
 def check_positive(value: float | torch.Tensor, name: str) -> None:
@@ -224,7 +278,7 @@ def check_scores(w: torch.Tensor, name: str = "w", *, min_ndim: int = 1,
             asynchronously as a device-side assertion, see the module docstring).
     """
     check_score_shape(w, name, min_ndim=min_ndim, square=square)
-    if _VALIDATE:
+    if _VALIDATION.value:
         check_finite(w, name, allow_neg_inf=allow_neg_inf)
 
 

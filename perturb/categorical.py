@@ -47,11 +47,10 @@ from perturb._validation import (
     check_positive,
     check_tau,
     scale_by_tau,
-    set_validation,
 )
 from perturb.noise import Gumbel, Normal
 from perturb.regularizers import Entropy, ExpFamilyEntropy, Regularizer, SquaredNorm
-from perturb.relax import _register_fused_relax, _relax, regularized_argmax
+from perturb.relax import _register_fused_relax, _regularized_argmax, _relax
 from perturb.structures import Simplex, register_solver
 
 __all__ = ["softmax", "sparsemax", "gumbel_softmax", "gaussian_softmax", "set_compiled"]
@@ -209,10 +208,9 @@ def softmax(x: torch.Tensor, dim: int = -1, tau: float | torch.Tensor = 1.0,
         >>> softmax(torch.tensor([1.0, 2.0, 3.0]), tau=0.5)
         tensor([0.0159, 0.1173, 0.8668])
     """
-    _check_logits(x, "x")
-    with set_validation(False):  # checked once above, under the public argument name
-        return _along_dim(lambda v: regularized_argmax(v, Simplex(), Entropy(), tau, backward),
-                          x, dim, "x")
+    _check_logits(x, "x")  # checked once, under the public argument name
+    return _along_dim(lambda v: _regularized_argmax(v, Simplex(), Entropy(), tau, backward),
+                      x, dim, "x")
 
 
 def sparsemax(x: torch.Tensor, dim: int = -1, tau: float | torch.Tensor = 1.0,
@@ -245,10 +243,9 @@ def sparsemax(x: torch.Tensor, dim: int = -1, tau: float | torch.Tensor = 1.0,
     References:
         Martins & Astudillo, "From Softmax to Sparsemax", ICML 2016, arXiv:1602.02068.
     """
-    _check_logits(x, "x")
-    with set_validation(False):  # checked once above, under the public argument name
-        return _along_dim(lambda v: regularized_argmax(v, Simplex(), SquaredNorm(), tau,
-                                                       backward), x, dim, "x")
+    _check_logits(x, "x")  # checked once, under the public argument name
+    return _along_dim(lambda v: _regularized_argmax(v, Simplex(), SquaredNorm(), tau, backward),
+                      x, dim, "x")
 
 
 def _stochastic_softmax(logits: torch.Tensor, noise, tau, hard: bool, dim: int,

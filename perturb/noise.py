@@ -37,7 +37,7 @@ import torch
 from ._noise_discrete import _win_weights
 from ._noise_quadrature import (_F64, _TAIL, _bisect_quantile, _quadrature_argmax_probs,
                                 _quadrature_expected_max)
-from ._validation import check_dim, check_positive, check_scores, validation_enabled
+from ._validation import check_dim, check_positive, check_scores, check_value, validation_enabled
 
 __all__ = ["Noise", "Gumbel", "Normal", "Gaussian", "Logistic", "Uniform", "Discrete",
            "EULER_GAMMA"]
@@ -79,10 +79,10 @@ def _as_tensor(x: object, name: str) -> torch.Tensor:
 def _check_unit(u: object) -> torch.Tensor:
     """``u`` as a floating tensor; ValueError (while validation is on) unless 0 <= u <= 1."""
     u = _as_tensor(u, "u")
-    if validation_enabled():
-        bad = ~((u >= 0) & (u <= 1))
-        if bool(bad.any()):
-            raise ValueError(f"u must lie in [0, 1], got {u[bad].flatten()[0].item()!r}")
+    if validation_enabled() and u.numel():
+        ok = (u >= 0) & (u <= 1)
+        check_value(ok.all(), "u must lie in [0, 1] (and not be NaN)",
+                    lambda: repr(u[~ok].flatten()[0].item()))
     return u
 
 

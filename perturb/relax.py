@@ -177,6 +177,14 @@ def regularized_argmax(w: torch.Tensor, structure: Structure | None = None,
     if regularizer is not None and not isinstance(regularizer, Regularizer):
         raise ValueError(f"regularizer must be a perturb Regularizer, got {regularizer!r}")
     structure.validate(w)
+    return _regularized_argmax(w, structure, regularizer, tau, backward)
+
+
+def _regularized_argmax(w: torch.Tensor, structure: Structure,
+                        regularizer: Regularizer | None, tau: float | torch.Tensor,
+                        backward: str) -> torch.Tensor:
+    """:func:`regularized_argmax` for callers that validated ``w`` and ``structure`` under
+    their own argument names (τ, the regularizer and the mode are checked here)."""
     check_tau(tau)
     regularizer, entry, mode = _resolve(structure, regularizer, backward)
     return _solve(entry, mode, w, structure, regularizer, tau)

@@ -3,6 +3,13 @@ import pytest
 import torch
 
 
+@pytest.fixture(autouse=True)
+def _seed_global_rng() -> None:
+    """Every test starts from the same global RNG state, whatever ran before it: a test that
+    draws from torch's global generator is reproducible on its own and in any order."""
+    torch.manual_seed(0)
+
+
 @pytest.fixture
 def seed() -> int:
     torch.manual_seed(0)

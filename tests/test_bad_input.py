@@ -236,7 +236,7 @@ CATALOGUE: dict[str, list[Case]] = {
              "hard and soft"),
     ],
     "set_validation": [
-        Case("string", lambda: perturb.set_validation("false").__enter__(), "enabled"),
+        Case("string", lambda: perturb.set_validation("false"), "enabled"),
     ],
     # structured --------------------------------------------------------------------------
     "Permutations": _int_cases(lambda n: St.Permutations(n_iters=n), "n_iters", 0)

@@ -471,7 +471,7 @@ def fused_on_cpu(monkeypatch):
 
     monkeypatch.setattr(_fused, "_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(_fused, "_FAILED", False)
-    monkeypatch.setattr(_fused, "_ENABLED", True)
+    monkeypatch.setattr(_fused._ENABLED, "value", True)
     plain = list(_fused._FORWARDS.values()) + [_fused._backward]
     monkeypatch.setattr(_fused, "_COMPILED", {f.__name__: f for f in plain})
     return _fused

@@ -105,7 +105,8 @@ def _host_reads(fn) -> int:
 def test_check_finite_cpu_names_the_argument(dtype):
     from perturb._validation import check_finite
 
-    x = torch.randn(50, 40).to(dtype)
+    x = torch.randn(50, 40, generator=torch.Generator().manual_seed(0)).to(dtype)
+    x[17, 3] = 0.0          # the entry made bad below is not masked by the -inf of x > 1
     check_finite(x, "logits")
     check_finite(torch.where(x > 1, -math.inf, x), "logits", allow_neg_inf=True)  # masks
     for value, kind in ((math.nan, "NaN"), (math.inf, "infinite")):
@@ -209,3 +210,64 @@ def test_device_side_branch_conditions_and_messages(monkeypatch):
     for tau in (torch.tensor([0.5, 0.0]), torch.tensor([math.nan]), torch.tensor([math.inf])):
         with pytest.raises(RuntimeError, match="perturb: tau must be finite and > 0"):
             check_positive(tau, "tau")
+
+
+def test_check_value_reads_on_cpu_and_asserts_on_device(monkeypatch):
+    """check_value: ValueError with the detail on the CPU; on an 'async' device the verdict goes
+    to torch._assert_async (which raises at once on CPU tensors) and detail() is never called."""
+    from perturb import _validation
+    from perturb._validation import check_value
+
+    check_value(torch.tensor(True), "fine")
+    with pytest.raises(ValueError, match=r"^ids out of range, got 7$"):
+        check_value(torch.tensor(False), "ids out of range", lambda: 7)
+    # under vmap the verdict is not readable: skipped, not an error
+    torch.func.vmap(lambda x: check_value(x > 0, "x must be positive") or x)(torch.ones(3))
+
+    def boom() -> str:
+        raise AssertionError("detail() must not run where it would stall the device")
+
+    monkeypatch.setattr(_validation, "_ASYNC_DEVICES", ("cuda", "cpu"))
+    check_value(torch.tensor(True), "fine", boom)
+    with pytest.raises(RuntimeError, match="perturb: ids out of range"):
+        check_value(torch.tensor(False), "ids out of range", boom)
+
+
+def test_box_value_checks_do_not_read_the_device(monkeypatch):
+    """The box boundary's value checks (NaN corners, ids in range, log1mexp's domain) go through
+    check_value: with the CPU treated as an async device, a whole Gumbel containment call with
+    validation on performs no host read of a tensor value."""
+    from perturb import _validation, boxes
+
+    monkeypatch.setattr(_validation, "_ASYNC_DEVICES", ("cuda", "cpu"))
+    reads = []
+    for name in ("__bool__", "__float__", "__int__", "item", "tolist"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda t, *a, _real=real: reads.append(1) or _real(t, *a))
+    emb = boxes.BoxEmbedding(10, 3, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([0, 3, 7])
+    p = boxes.containment_prob(emb(ids), emb(ids.flip(0)), beta=0.1)
+    p.sum().backward()
+    boxes.log1mexp(torch.log(p.detach()).clamp(max=-1e-6))
+    n_reads = len(reads)
+    assert n_reads == 0, f"{n_reads} host reads of tensor values"
+    assert torch.isfinite(p).all() and torch.isfinite(emb.param1.grad).all()
+
+
+def test_set_validation_as_a_call_and_as_a_context_manager():
+    """Like torch.set_grad_enabled: a plain call switches and stays; a with-block restores."""
+    assert validation_enabled()
+    try:
+        set_validation(False)
+        assert not validation_enabled()
+        with set_validation(True):
+            assert validation_enabled()
+        assert not validation_enabled()
+    finally:
+        set_validation(True)
+    assert validation_enabled()
+    with pytest.raises(ValueError, match="enabled must be a bool"):
+        set_validation("false")
+    assert validation_enabled()
+

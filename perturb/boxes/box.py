@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from perturb._validation import check_tau, validation_enabled
+from perturb._validation import check_tau, check_value, validation_enabled
 
 __all__ = ["Box", "join"]
 
@@ -39,8 +39,8 @@ def _check_corner(x: Any, name: str) -> None:
         raise ValueError(f"{name} must have shape (*batch, d) with at least one dim, "
                          f"got a 0-dim tensor")
     # amax propagates NaN: one read-only pass instead of isnan + any.
-    if validation_enabled() and x.numel() and bool(torch.isnan(x.amax())):
-        raise ValueError(f"{name} contains NaN values")
+    if validation_enabled() and x.numel():
+        check_value(~torch.isnan(x.detach().amax()), f"{name} contains NaN values")
 
 
 class Box:

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from perturb._validation import check_choice, check_int, check_tau, validation_enabled
+from perturb._validation import (check_choice, check_int, check_tau, check_value,
+                                 validation_enabled)
 from perturb.boxes.box import Box
 from perturb.boxes.intersection import containment_prob, log_containment_prob, overlap
 from perturb.boxes.volume import volume
@@ -119,10 +120,10 @@ class BoxEmbedding(nn.Module):
         if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
             raise ValueError(f"ids must be an integer tensor (torch.long), got {ids.dtype}")
         if validation_enabled() and ids.numel() > 0:
-            lo, hi = int(ids.min()), int(ids.max())
-            if lo < 0 or hi >= self.num_entities:
-                bad = lo if lo < 0 else hi
-                raise ValueError(f"ids must lie in [0, {self.num_entities}), got {bad}")
+            lo, hi = torch.aminmax(ids)
+            check_value((lo >= 0) & (hi < self.num_entities),
+                        f"ids must lie in [0, {self.num_entities})",
+                        lambda: int(lo) if int(lo) < 0 else int(hi))
         ids = ids.to(device=self.param1.device, dtype=torch.long)
         return self._make_box(F.embedding(ids, self.param1), F.embedding(ids, self.param2))
 

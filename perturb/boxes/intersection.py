@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from perturb._validation import check_tau, validation_enabled
+from perturb._validation import check_tau, check_value, validation_enabled
 from perturb.boxes.box import Box, _broadcast_boxes
 from perturb.boxes.volume import _log, _log_gumbel_side_slope, _log_softplus, _log_volume
 
@@ -200,9 +200,9 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise ValueError(f"x must be a floating-point tensor, got "
                          f"{getattr(x, 'dtype', type(x).__name__)}")
-    if validation_enabled() and not bool((x <= 0).all()):
-        raise ValueError("x must be <= 0 everywhere (log(1 − exp(x)) is not real for x > 0) "
-                         "and not NaN")
+    if validation_enabled() and x.numel():
+        check_value((x.detach() <= 0).all(), "x must be <= 0 everywhere (log(1 − exp(x)) is "
+                    "not real for x > 0) and not NaN")
     return _log1mexp(x)
 
 

@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from perturb._validation import check_choice, check_int, validation_enabled
+from perturb._validation import check_choice, check_int, check_value, validation_enabled
 from perturb.boxes.box import Box, _broadcast_boxes
 from perturb.boxes.intersection import (log1m_containment_prob, _log1mexp, log1mexp,
                                         log_containment_prob, overlap)
@@ -285,8 +285,7 @@ def _check_pair_tensor(t: object, num_entities: int, name: str, batched: bool) -
         raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
     if t.numel() and validation_enabled():
         lo, hi = torch.aminmax(t)
-        if int(lo) < 0 or int(hi) >= num_entities:
-            raise ValueError(f"{name} holds ids outside [0, {num_entities})")
+        check_value((lo >= 0) & (hi < num_entities), f"{name} holds ids outside [0, {num_entities})")
     return t.long()
 
 

@@ -41,7 +41,8 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from perturb._precision import full_precision
-from perturb._validation import broadcasts_to, check_choice, check_tau, validation_enabled
+from perturb._validation import (broadcasts_to, check_choice, check_tau, check_value,
+                                 reads_stall, validation_enabled)
 from perturb.boxes.box import Box
 
 __all__ = ["volume", "gumbel_side_length", "log_gumbel_side_length", "EULER_GAMMA"]
@@ -55,21 +56,15 @@ _SOFTPLUS_TAIL = -30.0
 
 
 def _any(cond: torch.Tensor) -> bool:
-    """``bool(cond)`` for a 0-dim condition; True under ``torch.func.vmap`` (where data-dependent
-    branching is impossible), so the general branch-free path is taken there."""
+    """``bool(cond)`` for a 0-dim condition, deciding whether a regime's extra work is needed;
+    True (the general branch-free path) on CUDA, where the read would stall the device, and
+    under ``torch.func.vmap``, where data-dependent branching is impossible."""
+    if reads_stall(cond):
+        return True
     try:
         return bool(cond)
     except RuntimeError:
         return True
-
-
-def _has_nan(x: torch.Tensor) -> bool:
-    """Whether ``x`` has a NaN (amax propagates it); False under ``torch.func`` transforms,
-    where the value cannot be read (the check is skipped there)."""
-    try:
-        return bool(torch.isnan(x.amax()))
-    except RuntimeError:
-        return False
 
 
 def _u_max(dtype: torch.dtype) -> float:
@@ -319,8 +314,8 @@ def _check_corners(lower: Any, upper: Any) -> None:
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got "
                              f"{getattr(x, 'dtype', type(x).__name__)}")
-        if validation_enabled() and x.numel() and _has_nan(x):
-            raise ValueError(f"{name} contains NaN values")
+        if validation_enabled() and x.numel():
+            check_value(~torch.isnan(x.detach().amax()), f"{name} contains NaN values")
     try:
         torch.broadcast_shapes(lower.shape, upper.shape)
     except RuntimeError:
