@@ -34,8 +34,9 @@ demo: $(STAMP) wordnet
 	done
 	@echo "demo outputs (tables and plots) are in results/"
 
+# The suite and the docstring examples of the package, in one run.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests perturb --doctest-modules
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[bench]" || echo "some peer libraries failed to install; their rows are skipped"

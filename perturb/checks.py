@@ -183,6 +183,7 @@ def identify(p: torch.Tensor, noise: Any, kind: str = "softmax", tau: float = 1.
 
     Example::
 
+        >>> from perturb import Gumbel
         >>> p = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
         >>> identify(p, Gumbel(), kind="argmax").theta          # log(p / p_d)
         tensor([-0.9163, -0.5108,  0.0000], dtype=torch.float64)
@@ -275,6 +276,7 @@ def check_completeness(noise: Any, d: int, kind: str = "softmax", param_space: s
 
     Example::
 
+        >>> from perturb import Normal
         >>> check_completeness(Normal(), 3, kind="argmax").complete
         True
     """
@@ -433,6 +435,7 @@ def check_minimality(noise: Any, d: int, kind: str = "softmax", param_space: str
 
     Example::
 
+        >>> from perturb import Uniform
         >>> noise = Uniform()
         >>> r = check_minimality(noise, 3, kind="argmax")
         >>> r.minimal

@@ -218,7 +218,7 @@ def perturbed(argmax_fn: ArgmaxFn, theta: torch.Tensor, sigma: float = 1.0,
         ...     return torch.nn.functional.one_hot(u.argmax(-1), u.shape[-1])
         >>> theta = torch.randn(4, 5, requires_grad=True)
         >>> y = perturbed(hard_argmax, theta, sigma=0.5, n_samples=1000)
-        >>> y.sum(-1)                                    # rows of ones: points of the simplex
+        >>> y.sum(-1).detach()                           # rows of ones: points of the simplex
         tensor([1., 1., 1., 1.])
 
     References:
@@ -260,9 +260,10 @@ def fenchel_young_loss(argmax_fn: ArgmaxFn, theta: torch.Tensor, y_true: torch.T
 
     Example::
 
-        >>> theta = model(x)                                   # (batch, n_edges) scores
-        >>> loss = fenchel_young_loss(shortest_path, theta, y_true, sigma=0.5, batched=False)
-        >>> loss.backward()                                    # ∇θ = y_σ(θ) − y_true
+        >>> theta = model(x)                          # (batch, n_edges) scores  # doctest: +SKIP
+        >>> loss = fenchel_young_loss(shortest_path, theta, y_true, sigma=0.5,
+        ...                           batched=False)                           # doctest: +SKIP
+        >>> loss.backward()                           # ∇θ = y_σ(θ) − y_true     # doctest: +SKIP
 
     References:
         Berthet et al. 2020 (arXiv:2002.08676), Sec. 4; Blondel, Martins & Niculae,

@@ -31,7 +31,6 @@ import warnings
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 
 from perturb._precision import full_precision
 from perturb._validation import (
@@ -96,6 +95,8 @@ def matching(w: torch.Tensor) -> torch.Tensor:
         tensor([[0., 1.],
                 [1., 0.]])
     """
+    from scipy.optimize import linear_sum_assignment  # imported on first use: ~0.25 s
+
     check_scores(w, "w", min_ndim=2)
     n, m = w.shape[-2:]
     flat = w.detach().reshape(-1, n, m).to("cpu", torch.float64).numpy()
@@ -131,8 +132,9 @@ class Permutations(Structure):
 
     Example::
 
+        >>> from perturb import relax
         >>> theta = torch.randn(3, 5, 5, requires_grad=True)
-        >>> P = perturb.relax(theta, structure=Permutations(), tau=0.1, hard=True)
+        >>> P = relax(theta, structure=Permutations(), tau=0.1, hard=True)
         >>> bool(Permutations().check(P).all())
         True
     """

@@ -71,8 +71,9 @@ class SpanningTrees(Structure):
 
     Example::
 
+        >>> from perturb import relax
         >>> theta = torch.randn(6, 6, requires_grad=True)
-        >>> x = perturb.relax(theta, SpanningTrees(), tau=0.5)   # marginals of a perturbed tree
+        >>> x = relax(theta, SpanningTrees(), tau=0.5)   # marginals of a perturbed tree
     """
 
     event_dim = 2
