@@ -30,6 +30,7 @@ from perturb.structures import (
     support_table,
 )
 from perturb import boxes, checks, nn, structured  # noqa: E402  (structured registers its solvers)
+from perturb import distributions  # noqa: E402  (after structured, which it builds on)
 
 __version__ = "0.1.0"
 
@@ -42,5 +43,5 @@ __all__ = [
     "Regularizer", "Entropy", "SquaredNorm", "BinaryEntropy", "ExpFamilyEntropy",
     "Noise", "Gumbel", "Normal", "Gaussian", "Logistic", "Uniform", "Discrete",
     "implicit_root", "finite_difference_solve", "straight_through",
-    "set_validation", "validation_enabled", "structured", "nn", "checks", "boxes",
+    "set_validation", "validation_enabled", "structured", "nn", "checks", "boxes", "distributions",
 ]
