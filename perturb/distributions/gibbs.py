@@ -40,7 +40,7 @@ from torch.distributions import Distribution
 from torch.distributions.utils import lazy_property
 
 from perturb._validation import set_validation, validation_enabled
-from perturb.distributions.constraints import StructureSupport
+from perturb.distributions.constraints import StructureSupport, log_potential
 from perturb.structures import Structure
 
 __all__ = ["GibbsDistribution"]
@@ -109,6 +109,7 @@ class GibbsDistribution(Distribution):
     ``(*batch, *event)``.
     """
 
+    arg_constraints = {"theta": log_potential}
     has_rsample = False
     has_enumerate_support = True
     #: attribute name of the scores (``"logits"``, ``"log_potentials"``)
@@ -116,6 +117,7 @@ class GibbsDistribution(Distribution):
 
     def __init__(self, theta: torch.Tensor, structure: Structure,
                  validate_args: bool | None = None):
+        setattr(self, self._param, theta)
         self.structure = structure
         d = structure.event_dim
         super().__init__(theta.shape[:theta.ndim - d], theta.shape[theta.ndim - d:],

@@ -80,7 +80,6 @@ class SpanningTreeDistribution(GibbsDistribution):
         validate = _resolve_validate(validate_args)
         structure = SpanningTrees()
         _validate_with(structure, log_potentials, "log_potentials", validate)
-        self.log_potentials = log_potentials
         super().__init__(log_potentials, structure, validate_args=validate)
 
     def _log_partition(self) -> torch.Tensor:
@@ -137,7 +136,6 @@ class ArborescenceDistribution(GibbsDistribution):
         structure = Arborescences(root)
         _validate_with(structure, log_potentials, "log_potentials", validate)
         self.root = structure.root
-        self.log_potentials = log_potentials
         super().__init__(log_potentials, structure, validate_args=validate)
 
     def _log_partition(self) -> torch.Tensor:
