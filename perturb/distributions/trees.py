@@ -70,7 +70,7 @@ class SpanningTreeDistribution(GibbsDistribution):
 
         >>> d = SpanningTreeDistribution(torch.zeros(4, 4))   # uniform over the 16 trees
         >>> d.partition.exp(), d.entropy().exp()
-        (tensor(16.0000), tensor(16.0000))
+        (tensor(16.), tensor(16.))
     """
 
     arg_constraints = {"log_potentials": log_potential}
