@@ -152,14 +152,16 @@ class GibbsDistribution(Distribution):
         """The vertices Z (:class:`~perturb.distributions.constraints.StructureSupport`)."""
         return StructureSupport(self.structure)
 
+    # lazy_property computes under torch.enable_grad(): a value first asked for inside
+    # torch.no_grad() still carries its graph, so later gradients stay right
     @lazy_property
     def partition(self) -> torch.Tensor:
-        """log Z = A(θ) = log Σ_{z∈Z} exp⟨θ, z⟩_Z, shape ``(*batch)``; differentiable."""
+        """log Z = A(θ) = log Σ_{z∈Z} exp⟨θ, z⟩_Z, shape ``(*batch)``; differentiable, cached."""
         return self._log_partition()
 
     @lazy_property
     def marginals(self) -> torch.Tensor:
-        """μ = E_p[z] = ∇A(θ), shape ``(*batch, *event)``; differentiable."""
+        """μ = E_p[z] = ∇A(θ), shape ``(*batch, *event)``; differentiable, cached."""
         return self._marginals()
 
     @property

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from perturb.distributions import (
@@ -242,3 +244,57 @@ def test_repr():
         "KSubsetDistribution(logits: (2, 4), k=3)"
     assert repr(ArborescenceDistribution(torch.zeros(4, 4), root=2)) == \
         "ArborescenceDistribution(log_potentials: (4, 4), root=2)"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cache_filled_without_grad_does_not_break_gradients(family):
+    make = FAMILIES[family][0]
+    theta = _theta(family, batch=(2,), seed=4).requires_grad_()
+    d = make(theta)
+    with torch.no_grad():
+        _ = d.partition, d.marginals                      # cached as constants
+    z = d.sample(generator=torch.Generator().manual_seed(0))
+    g = torch.autograd.grad((d.entropy() + d.log_prob(z)).sum(), theta)[0]
+    fresh = make(theta)
+    g_ref = torch.autograd.grad((fresh.entropy() + fresh.log_prob(z)).sum(), theta)[0]
+    torch.testing.assert_close(g, g_ref)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_float32_in_float32_out(family):
+    theta = _theta(family, batch=(2,)).float()
+    d = FAMILIES[family][0](theta)
+    z = d.sample((3,))
+    for t in (d.partition, d.marginals, d.entropy(), d.log_prob(z), d.mode, z):
+        assert t.dtype == torch.float32
+    _, logp, _ = _brute(family, theta.double())
+    torch.testing.assert_close(d.entropy().double(), -(logp.exp() * logp).sum(0),
+                               rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(3, 6), st.data(), st.floats(0.01, 30.0), st.integers(0, 2**31 - 1))
+def test_ksubset_property_normalised_entropy_bounds(n, data, scale, seed):
+    k = data.draw(st.integers(1, n))
+    theta = scale * torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    d = KSubsetDistribution(theta, k)
+    lp = d.log_prob(d.enumerate_support())
+    torch.testing.assert_close(torch.logsumexp(lp, 0), torch.tensor(0.0, dtype=F64),
+                               atol=1e-9, rtol=0)
+    h = d.entropy()
+    assert -1e-9 <= float(h) <= math.log(math.comb(n, k)) + 1e-9
+    torch.testing.assert_close(h, -(lp.exp() * lp.clamp_min(-1e300)).sum(), atol=1e-8, rtol=1e-8)
+    torch.testing.assert_close(d.marginals.sum(), torch.tensor(float(k), dtype=F64))
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(3, 5), st.booleans(), st.floats(0.01, 30.0), st.integers(0, 2**31 - 1))
+def test_tree_property_normalised_entropy_bounds(n, directed, scale, seed):
+    w = scale * torch.randn(n, n, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    d = ArborescenceDistribution(w, root=n - 1) if directed else SpanningTreeDistribution(w)
+    lp = d.log_prob(d.enumerate_support())
+    torch.testing.assert_close(torch.logsumexp(lp, 0), torch.tensor(0.0, dtype=F64),
+                               atol=1e-9, rtol=0)
+    h = d.entropy()
+    assert -1e-8 <= float(h) <= (n - 2) * math.log(n) + 1e-8
+    torch.testing.assert_close(h, -(lp.exp() * lp).sum(), atol=1e-7, rtol=1e-7)
