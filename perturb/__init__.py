@@ -30,6 +30,7 @@ from perturb.structures import (
     support_table,
 )
 from perturb import boxes, checks, nn, structured  # noqa: E402  (structured registers its solvers)
+from perturb import distributions  # noqa: E402  (after structured, which it builds on)
 
 __version__ = "0.1.0"
 
@@ -44,5 +45,5 @@ __all__ = [
     "implicit_root", "finite_difference_solve", "straight_through",
     "set_validation", "validation_enabled",
 ]
-# The subpackages (structured, nn, checks, boxes) are attributes, not in __all__: a star import
+# The subpackages (structured, nn, checks, boxes, distributions) are attributes, not in __all__: a star import
 # must not rebind a user's `nn` (torch.nn).

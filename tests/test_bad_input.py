@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import perturb
-from perturb import boxes, checks, latent, nn, structured
+from perturb import boxes, checks, distributions, latent, nn, structured
 from perturb.boxes import Box
 
 MODULES = ["perturb", "perturb.structured", "perturb.boxes", "perturb.checks", "perturb.nn",
@@ -289,6 +289,49 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("unknown method", lambda: St.sample_spanning_tree(S, method="kruskal"), "method")],
     "sample_arborescence": _score_cases(St.sample_arborescence, "w", matrix=True)
     + _int_cases(lambda r: St.sample_arborescence(S, root=r), "root", -1, 4),
+    # distributions -----------------------------------------------------------------------
+    "PerturbedStructure": _score_cases(
+        lambda x: distributions.PerturbedStructure(x, perturb.Simplex()), "theta")
+    + _tau_cases(lambda t: distributions.PerturbedStructure(V, perturb.Simplex(), tau=t)) + [
+        Case("structure not a Structure", lambda: distributions.PerturbedStructure(
+            V, "simplex"), "structure"),
+        Case("noise not a Noise", lambda: distributions.PerturbedStructure(
+            V, perturb.Simplex(), noise="gumbel"), "noise"),
+        Case("regularizer not a Regularizer", lambda: distributions.PerturbedStructure(
+            V, perturb.Simplex(), regularizer="entropy"), "regularizer"),
+        Case("unknown backward", lambda: distributions.PerturbedStructure(
+            V, perturb.Simplex(), backward="magic"), "backward"),
+        Case("validate_args not a bool", lambda: distributions.PerturbedStructure(
+            V, perturb.Simplex(), validate_args="yes"), "validate_args"),
+        Case("log_prob outside the support", lambda: distributions.PerturbedStructure(
+            V, perturb.Simplex()).log_prob(torch.ones(3, 5, dtype=F64)), "support"),
+        Case("log_prob with k-subsets", lambda: distributions.PerturbedStructure(
+            V, St.KSubset(2)).log_prob(St.topk(V, 2)), "Gibbs", NotImplementedError),
+        Case("sample_shape negative", lambda: distributions.PerturbedStructure(
+            V, perturb.Simplex()).sample((-1,)), "sample_shape"),
+    ],
+    "KSubsetDistribution": _score_cases(lambda x: distributions.KSubsetDistribution(x, 2),
+                                        "logits")
+    + _int_cases(lambda k: distributions.KSubsetDistribution(V, k), "k", 0, 6) + [
+        Case("fewer than k unmasked", lambda: distributions.KSubsetDistribution(
+            torch.tensor([0.0, -math.inf, -math.inf], dtype=F64), 2), "logits"),
+        Case("log_prob outside the support", lambda: distributions.KSubsetDistribution(
+            V, 2).log_prob(St.topk(V, 3)), "support"),
+        Case("rsample", lambda: distributions.KSubsetDistribution(V, 2).rsample(),
+             "PerturbedStructure", NotImplementedError),
+    ],
+    "SpanningTreeDistribution": _score_cases(distributions.SpanningTreeDistribution,
+                                             "log_potentials", matrix=True) + [
+        Case("log_prob outside the support", lambda: distributions.SpanningTreeDistribution(
+            S).log_prob(torch.ones(4, 4, dtype=F64)), "support"),
+        Case("disconnected graph", lambda: distributions.SpanningTreeDistribution(
+            torch.full((3, 3), -math.inf, dtype=F64)).partition, "disconnected"),
+    ],
+    "ArborescenceDistribution": _score_cases(distributions.ArborescenceDistribution,
+                                             "log_potentials", matrix=True)
+    + _int_cases(lambda r: distributions.ArborescenceDistribution(S, root=r), "root", -1, 4) + [
+        Case("log_prob outside the support", lambda: distributions.ArborescenceDistribution(
+            S).log_prob(torch.eye(4, dtype=F64)), "support")],
     # boxes -------------------------------------------------------------------------------
     "Box": [
         Case("shape mismatch", lambda: Box(LOWER, UPPER[:, :2]), "shape"),
@@ -430,6 +473,7 @@ NOTHING_TO_VALIDATE = {
     "IdentifyResult": "result container",
     "NonlinearICAData": "result container",
     "TemperatureSchedule": "abstract base class",
+    "GibbsDistribution": "abstract base class (its families are catalogued)",
 }
 
 PUBLIC = _public_callables()

@@ -11,6 +11,7 @@ def test_star_import_keeps_torch_nn():
     exec("from torch import nn\nfrom perturb import *", ns)
     assert ns["nn"] is torch.nn and callable(ns["relax"]) and "structured" not in ns
     assert perturb.nn.GumbelSoftmax and perturb.structured.KSubset and perturb.boxes.Box
+    assert perturb.distributions.KSubsetDistribution
 
 
 def test_all_names_exist():

@@ -32,7 +32,8 @@ from perturb.structures import Simplex
 
 MODULES = ["perturb", "perturb.structured", "perturb.boxes", "perturb.boxes.datasets",
            "perturb.boxes.hierarchy", "perturb.boxes.distributed", "perturb.boxes.losses",
-           "perturb.checks", "perturb.nn", "perturb.latent", "perturb.noise"]
+           "perturb.checks", "perturb.nn", "perturb.latent", "perturb.noise",
+           "perturb.distributions"]
 HERE = "tests/test_reproducibility.py"
 
 
@@ -183,6 +184,17 @@ CASES = {
         M, n_samples=5, generator=_gen(s)),),
     "sample_arborescence": lambda s: (perturb.structured.sample_arborescence(
         M, root=1, n_samples=5, generator=_gen(s)),),
+    "GibbsDistribution.sample": lambda s: (
+        perturb.distributions.KSubsetDistribution(W, 2).sample((5,), generator=_gen(s)),
+        perturb.distributions.SpanningTreeDistribution(M).sample((5,), generator=_gen(s)),
+        perturb.distributions.ArborescenceDistribution(M, root=1).sample(
+            (5,), generator=_gen(s))),
+    "PerturbedStructure.sample": lambda s: tuple(
+        perturb.distributions.PerturbedStructure(w, st).sample((5,), generator=_gen(s))
+        for w, st in ((W, Simplex()), (W, KSubset(2)), (M, SpanningTrees()))),
+    "PerturbedStructure.rsample": lambda s: _grad_of(
+        lambda w: perturb.distributions.PerturbedStructure(w, KSubset(2), tau=0.5).rsample(
+            (3,), generator=_gen(s)), W),
     "StochasticSoftmax.__init__": _layer_case(
         lambda g: perturb.nn.StochasticSoftmax(tau=0.5, generator=g)),
     "GumbelSoftmax.__init__": _layer_case(lambda g: perturb.nn.GumbelSoftmax(0.5, generator=g)),

@@ -1,0 +1,269 @@
+r"""The exponential family (Gibbs distribution) over the vertices of a structure.
+
+For scores θ and a finite set Z of 0/1 structures,
+
+.. math::
+
+    p_\theta(z) = \exp(\langle\theta, z\rangle_Z - A(\theta)),\qquad
+    A(\theta) = \log \sum_{z \in Z} e^{\langle\theta, z\rangle_Z},
+
+with ⟨θ, z⟩_Z the family's score of a structure (for k-subsets and arborescences the plain inner
+product over the allowed entries; for undirected trees each edge counted once). Everything
+below is exact:
+
+- ``partition`` = A(θ) (log Z), differentiable;
+- ``marginals`` = ∇A(θ) = E_p[z] (= ``mean``), differentiable: the regularized argmax with the
+  exponential-family entropy (:class:`perturb.ExpFamilyEntropy`);
+- ``log_prob(z)`` = ⟨θ, z⟩_Z − A(θ);
+- ``entropy()`` = A(θ) − ⟨θ, E_p[z]⟩_Z (the entropy of an exponential family);
+- ``mode`` (= ``argmax``) = argmax_{z ∈ Z} ⟨θ, z⟩_Z, the most probable structure;
+- ``sample(sample_shape, generator=None)`` draws exactly from p (the family's exact sampler).
+
+There is no ``rsample``: no exact reparameterisation of p exists for these families. Use
+``log_prob`` (exact) for score-function gradients, or :class:`PerturbedStructure` (perturb, then
+take the regularized argmax) for a relaxed, reparameterised sample — of a *different*
+distribution (the perturbed argmax of θ + ε, which equals p only on the simplex with Gumbel
+noise).
+
+``-inf`` scores mask entries (items, edges): they are never sampled, have marginal 0, and a
+structure that uses one has ``log_prob`` = −inf.
+
+Subclasses store their scores under the name in ``_param`` and implement the hooks
+``_log_partition``, ``_marginals``, ``_argmax``, ``_sample`` and ``_score``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.distributions import Distribution
+from torch.distributions.utils import lazy_property
+
+from perturb._validation import set_validation, validation_enabled
+from perturb.distributions.constraints import StructureSupport, log_potential
+from perturb.structures import Structure
+
+__all__ = ["GibbsDistribution"]
+
+# lazily computed results that expand() carries over (as views) instead of recomputing
+_CACHED = ("partition", "marginals")
+
+
+def _sample_count(sample_shape: torch.Size | tuple[int, ...]) -> tuple[torch.Size, int]:
+    """The sample shape as a ``torch.Size`` and its number of elements (ValueError if bad)."""
+    try:
+        shape = torch.Size(sample_shape)
+    except TypeError:
+        raise ValueError(f"sample_shape must be a tuple of ints (a torch.Size), "
+                         f"got {sample_shape!r}") from None
+    if any(s < 0 for s in shape):
+        raise ValueError(f"sample_shape must have non-negative sizes, got {tuple(shape)}")
+    return shape, math.prod(shape)
+
+
+def _resolve_validate(validate_args: bool | None) -> bool:
+    """The effective ``validate_args`` (torch's default when None); ValueError if not a bool."""
+    if validate_args is None:
+        return bool(Distribution._validate_args)
+    if not isinstance(validate_args, bool):
+        raise ValueError(f"validate_args must be a bool or None, got {validate_args!r}")
+    return validate_args
+
+
+def _validate_with(structure: Structure, theta: torch.Tensor, name: str, validate: bool) -> None:
+    """``structure.validate(theta, name)``: its structural checks always, its value checks (NaN,
+    inf) only when ``validate`` and perturb's validation switch are both on."""
+    with set_validation(validate and validation_enabled()):
+        structure.validate(theta, name)
+
+
+def _masked_score(theta: torch.Tensor, z: torch.Tensor, allowed: torch.Tensor | None,
+                  event_dim: int) -> torch.Tensor:
+    """Σ θ·z over the event dims and the ``allowed`` entries, with 0·(−inf) = 0.
+
+    Where z ≠ 0 and θ = −inf the result is −inf (a masked entry used); where z = 0 the score
+    is never read, so its gradient is 0 (no NaN). Shape: broadcast of ``(*, *event)`` ->
+    ``(*)``.
+    """
+    used = z != 0
+    if allowed is not None:
+        used = used & allowed
+    prod = torch.where(used, theta, torch.zeros((), dtype=theta.dtype, device=theta.device)) * z
+    if allowed is not None:
+        prod = torch.where(allowed, prod, torch.zeros((), dtype=prod.dtype, device=prod.device))
+    return prod.sum(dim=tuple(range(-event_dim, 0)))
+
+
+class GibbsDistribution(Distribution):
+    r"""Base class of the Gibbs distributions p(z) ∝ exp⟨θ, z⟩_Z over a structure's vertices.
+
+    See the module docstring for the quantities and why there is no ``rsample``. Concrete
+    families: :class:`~perturb.distributions.KSubsetDistribution`,
+    :class:`~perturb.distributions.SpanningTreeDistribution`,
+    :class:`~perturb.distributions.ArborescenceDistribution`.
+
+    Shape: scores ``(*batch, *event)``; ``batch_shape = (*batch)``, ``event_shape`` the trailing
+    ``structure.event_dim`` dims; ``sample(sample_shape)`` -> ``(*sample_shape, *batch, *event)``
+    0/1 in the scores' dtype; ``log_prob(z)``: ``(*sample, *batch, *event)`` ->
+    ``(*sample, *batch)``; ``partition``, ``entropy()``: ``(*batch)``; ``marginals``, ``mode``:
+    ``(*batch, *event)``.
+    """
+
+    arg_constraints = {"theta": log_potential}
+    has_rsample = False
+    has_enumerate_support = True
+    #: attribute name of the scores (``"logits"``, ``"log_potentials"``)
+    _param: str = "theta"
+
+    def __init__(self, theta: torch.Tensor, structure: Structure,
+                 validate_args: bool | None = None):
+        setattr(self, self._param, theta)
+        self.structure = structure
+        d = structure.event_dim
+        super().__init__(theta.shape[:theta.ndim - d], theta.shape[theta.ndim - d:],
+                         validate_args=validate_args)
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    @property
+    def _theta(self) -> torch.Tensor:
+        return getattr(self, self._param)
+
+    def _log_partition(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _marginals(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _argmax(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _sample(self, n_samples: int | None, generator: torch.Generator | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _score(self, z: torch.Tensor) -> torch.Tensor:
+        """⟨θ, z⟩_Z for 0/1 structures or marginals z, ``(*, *event)`` -> ``(*)``."""
+        raise NotImplementedError
+
+    # -- exact quantities ----------------------------------------------------------------------
+
+    @property
+    def support(self) -> StructureSupport:
+        """The vertices Z (:class:`~perturb.distributions.constraints.StructureSupport`)."""
+        return StructureSupport(self.structure)
+
+    # lazy_property computes under torch.enable_grad(): a value first asked for inside
+    # torch.no_grad() still carries its graph, so later gradients stay right
+    @lazy_property
+    def partition(self) -> torch.Tensor:
+        """log Z = A(θ) = log Σ_{z∈Z} exp⟨θ, z⟩_Z, shape ``(*batch)``; differentiable, cached."""
+        return self._log_partition()
+
+    @lazy_property
+    def marginals(self) -> torch.Tensor:
+        """μ = E_p[z] = ∇A(θ), shape ``(*batch, *event)``; differentiable, cached."""
+        return self._marginals()
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """E_p[z], the marginals."""
+        return self.marginals
+
+    @property
+    def variance(self) -> torch.Tensor:
+        """Var_p[z] entrywise, μ(1 − μ) (each entry of z is 0/1)."""
+        mu = self.marginals
+        return mu * (1 - mu)
+
+    @property
+    def mode(self) -> torch.Tensor:
+        """The most probable structure argmax_{z∈Z} ⟨θ, z⟩_Z, ``(*batch, *event)``, no grad."""
+        with torch.no_grad():
+            return self._argmax()
+
+    @property
+    def argmax(self) -> torch.Tensor:
+        """Alias of :attr:`mode` (pytorch-struct's name)."""
+        return self.mode
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        """log p(z) = ⟨θ, z⟩_Z − A(θ); −inf for a structure using a masked (−inf) entry.
+
+        Shape: ``(*sample, *batch, *event)`` -> ``(*sample, *batch)``.
+
+        Raises:
+            ValueError: (``validate_args``) ``value`` is not broadcastable to
+                ``batch_shape + event_shape`` or is not in the support (not a 0/1 structure).
+        """
+        if self._validate_args:
+            self._validate_sample(value)
+        theta = self._theta
+        return self._score(value.to(theta.dtype)) - self.partition
+
+    def entropy(self) -> torch.Tensor:
+        """H(p) = A(θ) − ⟨θ, μ⟩_Z, exact and differentiable; shape ``(*batch)``."""
+        return self.partition - self._score(self.marginals)
+
+    def sample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size(),
+               generator: torch.Generator | None = None) -> torch.Tensor:
+        """Exact samples z ~ p, ``(*sample_shape, *batch, *event)``, 0/1 in θ's dtype, no grad.
+
+        Args:
+            sample_shape: leading sample dims.
+            generator: a ``torch.Generator`` (on θ's device) for reproducible samples.
+        """
+        shape, count = _sample_count(sample_shape)
+        theta = self._theta
+        out_shape = shape + self.batch_shape + self.event_shape
+        if count == 0:
+            return theta.new_zeros(out_shape)
+        with torch.no_grad():
+            z = self._sample(None if not shape else count, generator)
+        return z.reshape(out_shape)
+
+    def rsample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size()) -> torch.Tensor:
+        """Not available: no exact reparameterisation of a Gibbs distribution over structures.
+
+        Raises:
+            NotImplementedError: always, naming the alternatives (module docstring).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} has no rsample: a Gibbs distribution over structures has no "
+            "exact reparameterisation. Use log_prob (exact) for score-function gradients, or "
+            "PerturbedStructure(theta, structure, noise, tau).rsample() for a relaxed sample of "
+            "the perturbed argmax (a different distribution, see perturb.distributions.gibbs)")
+
+    def enumerate_support(self, expand: bool = True) -> torch.Tensor:
+        """Every structure of Z (tiny n only: ``structure.enumerate``).
+
+        Shape: ``(|Z|, *batch, *event)`` with ``expand``, else ``(|Z|, 1, ..., 1, *event)``.
+        """
+        theta = self._theta
+        z = self.structure.enumerate(self.event_shape[-1], dtype=theta.dtype, device=theta.device)
+        z = z.reshape(z.shape[:1] + (1,) * len(self.batch_shape) + self.event_shape)
+        if expand:
+            z = z.expand(z.shape[:1] + self.batch_shape + self.event_shape)
+        return z
+
+    def expand(self, batch_shape: torch.Size | tuple[int, ...], _instance=None):
+        """A view with a larger batch shape (scores and cached results broadcast, not copied)."""
+        new = self._get_checked_instance(type(self), _instance)
+        batch_shape = torch.Size(batch_shape)
+        for key, value in self.__dict__.items():
+            if key in ("_batch_shape", "_event_shape", "_validate_args"):
+                continue
+            if key in (self._param, *_CACHED):
+                event = () if key == "partition" else self.event_shape
+                value = value.expand(batch_shape + event)
+            new.__dict__[key] = value
+        Distribution.__init__(new, batch_shape, self.event_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    def __repr__(self) -> str:
+        extra = self._repr_extra()
+        return (f"{type(self).__name__}({self._param}: {tuple(self._theta.shape)}"
+                + (f", {extra}" if extra else "") + ")")
+
+    def _repr_extra(self) -> str:
+        return ""
