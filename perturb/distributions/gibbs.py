@@ -201,8 +201,22 @@ class GibbsDistribution(Distribution):
         return self._score(value.to(theta.dtype)) - self.partition
 
     def entropy(self) -> torch.Tensor:
-        """H(p) = A(θ) − ⟨θ, μ⟩_Z, exact and differentiable; shape ``(*batch)``."""
-        return self.partition - self._score(self.marginals)
+        """H(p) = A(θ) − ⟨θ, μ⟩_Z, exact and differentiable; shape ``(*batch)``.
+
+        The difference cancels two terms of size |θ|·(structure size), so below float64 it is
+        computed in float64 (and returned in θ's dtype): in float32, scores of 1e4 would leave
+        an error of ~1e-3, even a negative entropy."""
+        if self._theta.dtype == torch.float64:
+            return self.partition - self._score(self.marginals)
+        wide = self._in_float64()
+        return (wide.partition - wide._score(wide.marginals)).to(self._theta.dtype)
+
+    def _in_float64(self) -> "GibbsDistribution":
+        """The same distribution with float64 scores (nothing cached carried over)."""
+        new = object.__new__(type(self))
+        new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in _CACHED})
+        new.__dict__[self._param] = self._theta.double()
+        return new
 
     def sample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size(),
                generator: torch.Generator | None = None) -> torch.Tensor:

@@ -78,6 +78,7 @@ class PerturbedStructure(Distribution):
 
     Example::
 
+        >>> import perturb
         >>> theta = torch.randn(4, 10, requires_grad=True)
         >>> d = PerturbedStructure(theta, perturb.Simplex(), tau=0.5)
         >>> x = d.rsample()                 # Gumbel-softmax, (4, 10), differentiable
