@@ -44,6 +44,26 @@ def _logaddexp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.maximum(a, b) + torch.log1p(torch.exp(-(a - b).abs()))
 
 
+class _LogOfPositive(torch.autograd.Function):
+    """log w for w > 0 whose backward is ḡ·exp(−log w), itself differentiable through the saved
+    output. Plain ``torch.log`` forms −ḡ/w² in its double backward, which overflows (inf·0 =
+    NaN) for the denormal-small reduced weights that peaked scores produce, although every
+    product along the chain is finite."""
+
+    @staticmethod
+    def forward(w: torch.Tensor) -> torch.Tensor:
+        return torch.log(w)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx, g):
+        (out,) = ctx.saved_tensors
+        return g * torch.exp(-out)
+
+
 def elimination_log_partition(s: torch.Tensor, valid: torch.Tensor,
                               nodes: torch.Tensor | None, root: int,
                               once: bool = False) -> torch.Tensor:
@@ -206,7 +226,7 @@ def reduced_log_partition(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Ten
         W = R[..., :, J] + R[..., :, K] @ (Ainv @ Pp[..., K, J])
         Wr = torch.cat([torch.zeros_like(W[..., :1]), W], dim=-1)  # column 0: the root
         vr = (Wr > 0) & ~torch.eye(m + 1, dtype=torch.bool, device=s.device)
-        sr = torch.log(torch.where(vr, Wr, torch.ones_like(Wr)))
+        sr = _LogOfPositive.apply(torch.where(vr, Wr, torch.ones_like(Wr)))
         logz = logz + elimination_log_partition(sr, vr, None, 0, once=once)
     return logz, est
 
