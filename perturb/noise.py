@@ -34,6 +34,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ._math import EULER_GAMMA
 from ._noise_discrete import _win_weights
 from ._noise_quadrature import (_F64, _TAIL, _bisect_quantile, _quadrature_argmax_probs,
                                 _quadrature_expected_max)
@@ -43,7 +44,6 @@ __all__ = ["Noise", "Gumbel", "Normal", "Gaussian", "Logistic", "Uniform", "Disc
            "EULER_GAMMA"]
 
 #: The Euler–Mascheroni constant γ (the mean of a standard Gumbel).
-EULER_GAMMA = 0.57721566490153286061
 
 
 # ---------------------------------------------------------------------------------------------

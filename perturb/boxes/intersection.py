@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
+from perturb._math import log1mexp as _log1mexp
 from perturb._validation import check_tau, check_value, validation_enabled
 from perturb.boxes.box import Box, _broadcast_boxes
 from perturb.boxes.volume import _log, _log_gumbel_side_slope, _log_softplus, _log_volume
@@ -204,13 +205,6 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
         check_value((x.detach() <= 0).all(), "x must be <= 0 everywhere (log(1 − exp(x)) is "
                     "not real for x > 0) and not NaN")
     return _log1mexp(x)
-
-
-def _log1mexp(x: torch.Tensor) -> torch.Tensor:
-    cut = x > -math.log(2.0)
-    x_hi = torch.where(cut, x, torch.full_like(x, -1.0))
-    x_lo = torch.where(cut, torch.full_like(x, -1.0), x)
-    return torch.where(cut, torch.log(-torch.expm1(x_hi)), torch.log1p(-torch.exp(x_lo)))
 
 
 def _log1m_nested(a: Box, b: Box, beta: float | torch.Tensor, vbeta: float | torch.Tensor,

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from perturb._math import EULER_GAMMA
 from perturb._precision import full_precision
 from perturb._validation import (broadcasts_to, check_choice, check_tau, check_value,
                                  reads_stall, validation_enabled)
@@ -47,7 +48,6 @@ from perturb.boxes.box import Box
 
 __all__ = ["volume", "gumbel_side_length", "log_gumbel_side_length", "EULER_GAMMA"]
 
-EULER_GAMMA = 0.5772156649015329
 _LOG2 = math.log(2.0)
 # Below this u = log z the small-argument form of K0 is exact to < 1e-17 relative.
 _SMALL_U = -20.0

@@ -26,6 +26,7 @@ import math
 import torch
 from torch import nn
 
+from perturb._math import log1mexp as _log1mexp
 from perturb._validation import check_choice, check_int, check_positive, check_real
 from perturb.noise import Logistic, Noise, Normal
 
@@ -46,15 +47,6 @@ def _mlp(n_in: int, n_out: int, hidden: int, n_layers: int = 2) -> nn.Sequential
 
 def _gauss_log_prob(z: torch.Tensor, mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
     return -0.5 * (_LOG_2PI + logvar + (z - mean) ** 2 / logvar.exp()).sum(-1)
-
-
-def _log1mexp(a: torch.Tensor) -> torch.Tensor:
-    """log(1 − e^a) for a ≤ 0, stable on both sides of −log 2 (each branch sees only its own
-    inputs, so the other branch's infinite gradient cannot turn into NaN)."""
-    near = a > -math.log(2)
-    safe = torch.full_like(a, -1.0)
-    return torch.where(near, torch.log(-torch.expm1(torch.where(near, a, safe))),
-                       torch.log1p(-torch.exp(torch.where(near, safe, a))))
 
 
 def _log_sf(noise: Noise, c: torch.Tensor) -> torch.Tensor:

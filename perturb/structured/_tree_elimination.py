@@ -30,18 +30,14 @@ from __future__ import annotations
 
 import torch
 
+from perturb._math import logaddexp2
+
 __all__: list[str] = []
 
 
 #: Stands in for log 0. A finite value keeps torch.logaddexp and its first and second
 #: derivatives free of NaN (−inf − (−inf)); it is far below any score divided by any τ.
 _NEG = -1e100
-
-
-def _logaddexp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """max(a, b) + log1p(exp(−|a − b|)): no exponential ever overflows, so the first and second
-    derivatives stay finite (``torch.logaddexp``'s double backward overflows at gaps ~ 1e100)."""
-    return torch.maximum(a, b) + torch.log1p(torch.exp(-(a - b).abs()))
 
 
 class _LogOfPositive(torch.autograd.Function):
@@ -94,7 +90,7 @@ def elimination_log_partition(s: torch.Tensor, valid: torch.Tensor,
             logd = torch.where(exists[..., k], logd, torch.zeros_like(logd))
         logz = logz + logd
         update = (X[..., :k, k:k + 1] - logd[..., None, None]) + X[..., k:k + 1, :k]
-        X = (torch.logaddexp if once else _logaddexp)(X[..., :k, :k], update)
+        X = (torch.logaddexp if once else logaddexp2)(X[..., :k, :k], update)
         X.diagonal(dim1=-2, dim2=-1).fill_(_NEG)  # no self-loops
     return torch.where(logz < 0.5 * _NEG, torch.full_like(logz, -torch.inf), logz)
 
