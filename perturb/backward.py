@@ -20,7 +20,14 @@ import torch
 
 from perturb._validation import check_choice, check_positive
 
-__all__ = ["implicit_root", "finite_difference_solve", "straight_through", "LINEAR_SOLVES"]
+__all__ = ["implicit_root", "finite_difference_solve", "straight_through", "LINEAR_SOLVES",
+           "BACKWARD_MODES"]
+
+#: The one vocabulary of gradient modes, for the registry and every direct solver function:
+#: "auto" (the solver's preferred mode), "analytic" (a closed-form vector–Jacobian product),
+#: "implicit" (implicit differentiation at the solution), "unroll" (autograd through the
+#: solver's iterations or elimination) and "finite_difference" (works for every solver).
+BACKWARD_MODES = ("auto", "analytic", "implicit", "unroll", "finite_difference")
 
 LINEAR_SOLVES = ("dense", "lstsq", "cg")
 
@@ -254,3 +261,31 @@ def finite_difference_solve(solve_fn: Callable[[torch.Tensor], torch.Tensor], w:
         raise ValueError(f"solve_fn must be a callable w -> y, got {solve_fn!r}")
     check_positive(eps, "eps")
     return _FiniteDifference.apply(w, solve_fn, float(eps), event_dim)
+
+
+def resolve_backward(backward: str, native: Sequence[str], what: str = "this solver") -> str:
+    """The gradient mode to run for a requested ``backward`` (:data:`BACKWARD_MODES`):
+    ``"auto"`` is the solver's first native mode; a native mode, or ``"finite_difference"``
+    (wrapped by :func:`solve_with_backward` where it is not native), is kept.
+
+    Raises:
+        ValueError: an unknown mode, or one ``what`` does not support (listing those it does).
+    """
+    check_choice(backward, BACKWARD_MODES, "backward")
+    if backward == "auto":
+        return native[0]
+    if backward in native or backward == "finite_difference":
+        return backward
+    supported = ("auto", *native) + tuple(m for m in ("finite_difference",) if m not in native)
+    raise ValueError(f"backward={backward!r} is not supported for {what}; supported: "
+                     f"{', '.join(map(repr, supported))}")
+
+
+def solve_with_backward(solve: Callable[[torch.Tensor, str], torch.Tensor], w: torch.Tensor,
+                        mode: str, native: Sequence[str], event_dim: int) -> torch.Tensor:
+    """``solve(w, mode)`` for a mode from :func:`resolve_backward`; ``"finite_difference"``
+    where the solver has no native one runs its first native mode inside
+    :func:`finite_difference_solve` (``event_dim`` trailing dims per problem)."""
+    if mode == "finite_difference" and mode not in native:
+        return finite_difference_solve(lambda v: solve(v, native[0]), w, event_dim=event_dim)
+    return solve(w, mode)

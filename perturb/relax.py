@@ -36,10 +36,10 @@ import torch
 
 from perturb._precision import full_precision
 from perturb._validation import check_choice, check_int, check_scores, check_tau
-from perturb.backward import finite_difference_solve, straight_through
+from perturb.backward import BACKWARD_MODES, resolve_backward, solve_with_backward, straight_through
 from perturb.noise import Discrete, Gumbel, Logistic, Noise, Normal, Uniform, _check_generator
 from perturb.regularizers import Regularizer
-from perturb.structures import BACKWARD_MODES, Simplex, SolverEntry, Structure, get_solver
+from perturb.structures import Simplex, SolverEntry, Structure, get_solver
 
 __all__ = ["perturb", "argmax", "regularized_argmax", "relax"]
 
@@ -125,17 +125,11 @@ def _resolve(structure: Structure, regularizer: Regularizer | None,
     regularizer = structure.default_regularizer() if regularizer is None else regularizer
     if not isinstance(regularizer, Regularizer):
         raise ValueError(f"regularizer must be a perturb Regularizer, got {regularizer!r}")
-    if backward == "auto":
-        entry = get_solver(structure, regularizer)
-        return regularizer, entry, entry.backward[0]
-    check_choice(backward, BACKWARD_MODES, "backward")
+    if backward != "auto":
+        check_choice(backward, BACKWARD_MODES, "backward")   # before looking the pair up
     entry = get_solver(structure, regularizer)
-    if backward not in entry.backward and backward != "finite_difference":
-        supported = ("auto",) + entry.backward + tuple(
-            m for m in ("finite_difference",) if m not in entry.backward)
-        raise ValueError(f"backward={backward!r} is not supported for ({structure!r}, "
-                         f"{regularizer!r}); supported: {', '.join(map(repr, supported))}")
-    return regularizer, entry, backward
+    mode = resolve_backward(backward, entry.backward, f"({structure!r}, {regularizer!r})")
+    return regularizer, entry, mode
 
 
 @full_precision
@@ -143,14 +137,8 @@ def _solve(entry: SolverEntry, mode: str, w: torch.Tensor, structure: Structure,
            regularizer: Regularizer, tau: float | torch.Tensor) -> torch.Tensor:
     """Run a resolved solver on checked arguments: float16 / bfloat16 scores (and autocast
     regions) in float32, the result in the scores' dtype (:mod:`perturb._precision`)."""
-    if mode == "finite_difference" and mode not in entry.backward:
-        native = entry.backward[0]
-
-        def solve(v: torch.Tensor) -> torch.Tensor:
-            return entry.solver(v, structure, regularizer, tau, native)
-
-        return finite_difference_solve(solve, w, event_dim=structure.event_dim)
-    return entry.solver(w, structure, regularizer, tau, mode)
+    return solve_with_backward(lambda v, m: entry.solver(v, structure, regularizer, tau, m), w,
+                               mode, entry.backward, structure.event_dim)
 
 
 def regularized_argmax(w: torch.Tensor, structure: Structure | None = None,

@@ -19,6 +19,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from perturb._validation import check_scores
+from perturb.backward import BACKWARD_MODES
 from perturb.regularizers import Entropy, Regularizer
 
 __all__ = [
@@ -29,7 +30,6 @@ __all__ = [
 #: Every backward mode the library knows. A solver registers the subset it implements natively;
 #: "finite_difference" is available for every solver through the generic wrapper in
 #: :mod:`perturb.backward`.
-BACKWARD_MODES = ("auto", "analytic", "implicit", "unroll", "finite_difference")
 
 Solver = Callable[..., torch.Tensor]
 

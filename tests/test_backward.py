@@ -170,3 +170,43 @@ def test_finite_difference_event_dim_two_and_zero_grad(generator):
 def test_finite_difference_bad_eps():
     with pytest.raises(ValueError, match="eps"):
         finite_difference_solve(lambda v: v, torch.zeros(3), eps=0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# one vocabulary: the direct solver functions accept the registry's modes
+# --------------------------------------------------------------------------------------------
+
+def _direct_solvers():
+    from perturb.structured import arborescence_marginals, sinkhorn, spanning_tree_marginals
+
+    return {
+        "sinkhorn": (lambda w, b: sinkhorn(w, tau=0.5, tol=1e-12, backward=b), (4, 4)),
+        "spanning_tree_marginals": (lambda w, b: spanning_tree_marginals(w, backward=b), (5, 5)),
+        "arborescence_marginals": (lambda w, b: arborescence_marginals(w, 1, backward=b), (5, 5)),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_direct_solvers()))
+def test_direct_solvers_take_every_mode_of_the_vocabulary(name):
+    """"auto" is the native default, "finite_difference" agrees with it to O(ε²), and a mode
+    outside the vocabulary, or one the solver lacks, is refused naming what it supports."""
+    from perturb.backward import BACKWARD_MODES
+
+    fn, event = _direct_solvers()[name]
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(2, *event, dtype=torch.float64, generator=g)
+    c = torch.randn(2, *event, dtype=torch.float64, generator=g)
+    grads = {}
+    for mode in ("auto", "finite_difference"):
+        x = w.clone().requires_grad_()
+        y = fn(x, mode)
+        (grads[mode],) = torch.autograd.grad((y * c).sum(), x)
+        torch.testing.assert_close(y.detach(), fn(w, "auto"))
+    torch.testing.assert_close(grads["finite_difference"], grads["auto"], rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="backward='adjoint' is not supported here; accepted"):
+        fn(w, "adjoint")
+    lacking = [m for m in BACKWARD_MODES if m not in ("auto", "finite_difference", "unroll")
+               and m not in ("implicit" if name == "sinkhorn" else "analytic",)]
+    for mode in lacking:
+        with pytest.raises(ValueError, match=f"not supported for {name}; supported: 'auto'"):
+            fn(w, mode)

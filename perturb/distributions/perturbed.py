@@ -41,7 +41,8 @@ from perturb.distributions.gibbs import _resolve_validate, _sample_count, _valid
 from perturb.noise import Gumbel, Noise
 from perturb.regularizers import Regularizer
 from perturb.relax import _FINITE_NOISES, _check_structure, _perturb, _relax
-from perturb.structures import BACKWARD_MODES, Simplex, Structure
+from perturb.backward import BACKWARD_MODES
+from perturb.structures import Simplex, Structure
 
 __all__ = ["PerturbedStructure"]
 

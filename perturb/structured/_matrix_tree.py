@@ -61,7 +61,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from perturb import _validation
-from perturb._validation import broadcasts_to, check_choice, check_int, check_scores, scale_by_tau
+from perturb._validation import broadcasts_to, check_int, check_scores, scale_by_tau
+from perturb.backward import resolve_backward, solve_with_backward
 from perturb.structured._tree_elimination import (
     elimination_marginals,
     elimination_marginals_vjp,
@@ -562,7 +563,7 @@ def spanning_tree_log_partition(w: torch.Tensor, tau: float | torch.Tensor = 1.0
 def spanning_tree_marginals(w: torch.Tensor, tau: float | torch.Tensor = 1.0,
                             mask: torch.Tensor | None = None,
                             lengths: torch.Tensor | None = None,
-                            backward: str = "analytic") -> torch.Tensor:
+                            backward: str = "auto") -> torch.Tensor:
     r"""Edge marginals μ_ij = P({i,j} ∈ T) of p(T) ∝ exp(Σ_{{i,j}∈T} s_ij / τ), s = (w + wᵀ)/2.
 
     μ is the regularized argmax argmax_{x ∈ conv Z} ⟨s, x⟩_△ − τ A*(x) over the spanning-tree
@@ -572,8 +573,10 @@ def spanning_tree_marginals(w: torch.Tensor, tau: float | torch.Tensor = 1.0,
 
     Args:
         w, tau, mask, lengths: as :func:`spanning_tree_log_partition`.
-        backward: ``"analytic"`` (closed-form vector–Jacobian product through G = L̂⁻¹) or
-            ``"unroll"`` (autograd of autograd through ``slogdet``; a reference).
+        backward: ``"auto"`` = ``"analytic"`` (closed-form vector–Jacobian product through
+            G = L̂⁻¹), ``"unroll"`` (autograd of autograd through ``slogdet``; a reference) or
+            ``"finite_difference"`` (w.r.t. ``w`` only), as for
+            :func:`perturb.regularized_argmax`.
 
     Shape: ``w``: ``(*batch, n, n)`` -> ``(*batch, n, n)``, symmetric with a zero diagonal; the
     upper triangle sums to n − 1 (to lengths − 1 with ``lengths``).
@@ -587,9 +590,13 @@ def spanning_tree_marginals(w: torch.Tensor, tau: float | torch.Tensor = 1.0,
         >>> mu[0, 1]                     # every edge of K4 is in 8 of its 16 trees
         tensor(0.5000)
     """
-    check_choice(backward, MARGINAL_BACKWARDS, "backward")
+    mode = resolve_backward(backward, MARGINAL_BACKWARDS, "spanning_tree_marginals")
+    if mode == "finite_difference":
+        return solve_with_backward(
+            lambda v, m: spanning_tree_marginals(v, tau, mask, lengths, m), w, mode,
+            MARGINAL_BACKWARDS, event_dim=2)
     s, valid, nodes, root = _prepare(w, tau, mask, lengths, None, True)
-    mu = _marginals(s, valid, nodes, 0, backward)
+    mu = _marginals(s, valid, nodes, 0, mode)
     return mu + mu.transpose(-1, -2)
 
 
@@ -626,7 +633,7 @@ def arborescence_log_partition(w: torch.Tensor, root: int = 0, tau: float | torc
 def arborescence_marginals(w: torch.Tensor, root: int = 0, tau: float | torch.Tensor = 1.0,
                            mask: torch.Tensor | None = None,
                            lengths: torch.Tensor | None = None,
-                           backward: str = "analytic") -> torch.Tensor:
+                           backward: str = "auto") -> torch.Tensor:
     r"""Edge marginals μ_ij = P(i → j ∈ T) of p(T) ∝ exp(Σ_{(i→j)∈T} w_ij / τ), T rooted at
     ``root``: μ = ∇_w log Z(w/τ)·τ, the regularized argmax with the exponential-family entropy.
 
@@ -635,7 +642,8 @@ def arborescence_marginals(w: torch.Tensor, root: int = 0, tau: float | torch.Te
 
     Args:
         w, root, tau, mask, lengths: as :func:`arborescence_log_partition`.
-        backward: ``"analytic"`` or ``"unroll"`` (autograd of autograd through ``slogdet``).
+        backward: ``"auto"`` = ``"analytic"``, ``"unroll"`` (autograd of autograd through
+            ``slogdet``) or ``"finite_difference"`` (w.r.t. ``w`` only).
 
     Shape: ``w``: ``(*batch, n, n)`` -> ``(*batch, n, n)``; zero diagonal and root column, every
     other column sums to 1, the total is n − 1.
@@ -649,6 +657,10 @@ def arborescence_marginals(w: torch.Tensor, root: int = 0, tau: float | torch.Te
         >>> round(float(mu.sum()), 4)
         4.0
     """
-    check_choice(backward, MARGINAL_BACKWARDS, "backward")
+    mode = resolve_backward(backward, MARGINAL_BACKWARDS, "arborescence_marginals")
+    if mode == "finite_difference":
+        return solve_with_backward(
+            lambda v, m: arborescence_marginals(v, root, tau, mask, lengths, m), w, mode,
+            MARGINAL_BACKWARDS, event_dim=2)
     s, valid, nodes, root = _prepare(w, tau, mask, lengths, root, False)
-    return _marginals(s, valid, nodes, root, backward)
+    return _marginals(s, valid, nodes, root, mode)

@@ -35,12 +35,12 @@ import torch
 from perturb._precision import full_precision
 from perturb._validation import (
     broadcasts_to,
-    check_choice,
     check_int,
     check_scores,
     check_tau,
     validation_enabled,
 )
+from perturb.backward import resolve_backward, solve_with_backward
 from perturb.noise import Gumbel, Noise
 from perturb.regularizers import Entropy, ExpFamilyEntropy, Regularizer
 from perturb.relax import perturb
@@ -220,7 +220,7 @@ def _prepare_tau(tau: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 @full_precision
 def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: int = 1000,
-             tol: float = 1e-6, backward: str = "implicit", a: torch.Tensor | None = None,
+             tol: float = 1e-6, backward: str = "auto", a: torch.Tensor | None = None,
              b: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
              accelerate: bool = True, eps_scaling: bool | None = None) -> torch.Tensor:
     r"""Entropic projection onto the Birkhoff polytope (or a transport polytope), in log space.
@@ -258,10 +258,12 @@ def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: 
         tau: temperature τ > 0: a number or a tensor broadcastable to the batch shape.
         n_iters: maximum number of iterations (each one column and one row update).
         tol: tolerance on the max-abs marginal error.
-        backward: ``"implicit"`` (default; implicit function theorem at the fixed point: one
-            batched (min(n, m))-dim Cholesky solve, memory independent of ``n_iters``; gives the
-            gradient of the plan w.r.t. W, τ, a, b) or ``"unroll"`` (autograd through the
-            iterations; memory grows with the iterations used).
+        backward: ``"auto"`` = ``"implicit"`` (implicit function theorem at the fixed point:
+            one batched (min(n, m))-dim Cholesky solve, memory independent of ``n_iters``;
+            gives the gradient of the plan w.r.t. W, τ, a, b), ``"unroll"`` (autograd through
+            the iterations; memory grows with the iterations used) or ``"finite_difference"``
+            (two more solves; the gradient w.r.t. W only), as for
+            :func:`perturb.regularized_argmax`.
         a: row marginals, positive. Required for rectangular plans (with ``b``).
         b: column marginals, positive, Σb = Σa.
         mask: boolean, True for entries that may carry mass.
@@ -317,7 +319,12 @@ def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: 
     check_scores(log_alpha, "log_alpha", min_ndim=2)
     n_iters = check_int(n_iters, "n_iters", low=1)
     tol = _check_tol(tol)
-    check_choice(backward, SINKHORN_BACKWARD, "backward")
+    mode = resolve_backward(backward, SINKHORN_BACKWARD, "sinkhorn")
+    if mode == "finite_difference":
+        return solve_with_backward(
+            lambda v, m: sinkhorn(v, tau, n_iters, tol, m, a, b, mask, accelerate=accelerate,
+                                  eps_scaling=eps_scaling),
+            log_alpha, mode, SINKHORN_BACKWARD, event_dim=2)
     w = log_alpha
     tau_t = _prepare_tau(tau, w)
     batch = torch.broadcast_shapes(w.shape[:-2], tau_t.shape[:-2])
@@ -370,7 +377,7 @@ def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: 
                                  f"{sa.flatten()[k].item():.6g} and sum(b) = "
                                  f"{sb.flatten()[k].item():.6g}")
 
-    if backward == "implicit":
+    if mode == "implicit":
         plan, error, _, tol_used = _SinkhornImplicit.apply(
             w, tau_t, a_t, b_t, mask, row_valid, col_valid, n_iters, tol, accelerate,
             eps_scaling)
