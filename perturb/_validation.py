@@ -90,6 +90,12 @@ def reads_stall(t: torch.Tensor) -> bool:
     return t.device.type in _ASYNC_DEVICES
 
 
+def _unreadable(t: torch.Tensor) -> bool:
+    """Inside a ``torch.func`` transform (vmap, grad, jacrev): values cannot be read, so value
+    checks are skipped there (the structural checks still run)."""
+    return torch._C._functorch.is_functorch_wrapped_tensor(t)
+
+
 def check_value(ok: torch.Tensor, message: str,
                 detail: Callable[[], str] | None = None) -> None:
     """ValueError(``message``) unless the boolean scalar tensor ``ok`` holds.
@@ -100,14 +106,12 @@ def check_value(ok: torch.Tensor, message: str,
     check is skipped. Callers test :func:`validation_enabled` first. ``detail()``, called only
     where the value can be read without a stall, adds the offending value to the message.
     """
+    if _unreadable(ok):
+        return
     if reads_stall(ok):
         _assert_on_device(ok, "perturb: " + message)
         return
-    try:
-        good = bool(ok)
-    except RuntimeError:        # a functorch-wrapped tensor: its value is not readable
-        return
-    if not good:
+    if not bool(ok):
         raise ValueError(message + (f", got {detail()}" if detail is not None else ""))
 
 
@@ -120,6 +124,8 @@ def check_positive(value: float | torch.Tensor, name: str) -> None:
         if value.is_complex() or not (value.is_floating_point() or value.dtype in
                                       (torch.int32, torch.int64)):
             raise ValueError(f"{name} must be a real number, got a tensor of dtype {value.dtype}")
+        if _unreadable(value):
+            return
         if value.device.type in _ASYNC_DEVICES:
             if value.numel():
                 with torch.no_grad():
@@ -235,7 +241,7 @@ def check_finite(w: torch.Tensor, name: str = "w", *, allow_neg_inf: bool = Fals
     maximum with ``allow_neg_inf``, else on ``isfinite(w).all()`` (a sum could overflow, and a
     device assert cannot be taken back).
     """
-    if not w.numel():
+    if not w.numel() or _unreadable(w):
         return
     with torch.no_grad() if w.requires_grad else contextlib.nullcontext():  # no autograd node
         if w.device.type in _ASYNC_DEVICES:

@@ -271,3 +271,22 @@ def test_set_validation_as_a_call_and_as_a_context_manager():
         set_validation("false")
     assert validation_enabled()
 
+
+
+def test_value_checks_are_skipped_inside_torch_func_transforms():
+    """vmap / grad cannot read values: the value checks step aside there (they run on the
+    unbatched call), so the simplex solvers vmap with validation on and match a loop."""
+    import perturb
+
+    x = torch.randn(3, 4, 6, generator=torch.Generator().manual_seed(0))
+    assert validation_enabled()
+    for f in (perturb.softmax, perturb.sparsemax, perturb.regularized_argmax,
+              lambda v: perturb.regularized_argmax(v, perturb.Simplex(), perturb.SquaredNorm(),
+                                                   tau=torch.tensor(0.5))):
+        torch.testing.assert_close(torch.func.vmap(f)(x), torch.stack([f(v) for v in x]))
+    g = torch.func.grad(lambda v: (perturb.softmax(v) * torch.arange(6.0)).sum())(x[0, 0])
+    assert torch.isfinite(g).all()
+    bad = x.clone()
+    bad[1, 2, 3] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        perturb.softmax(bad)
