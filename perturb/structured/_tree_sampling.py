@@ -26,13 +26,8 @@ from __future__ import annotations
 import torch
 
 from perturb._validation import check_choice, check_int
-from perturb.structured._matrix_tree import (
-    _column_softmax,
-    _compute_dtype,
-    _detached,
-    _prepare,
-    _solve,
-)
+from perturb.structured._graph_input import _detached, _prepare
+from perturb.structured._matrix_tree import _column_softmax, _compute_dtype, _solve
 from perturb.structured._tree_wilson import (
     WilsonStepLimit,
     expected_steps,
