@@ -264,6 +264,30 @@ def check_finite(w: torch.Tensor, name: str = "w", *, allow_neg_inf: bool = Fals
                              + (" (-inf is allowed to mask entries)" if allow_neg_inf else ""))
 
 
+def check_masked_scores(w: torch.Tensor, name: str = "w", dim: int = -1) -> None:
+    """The value check of scores where ``-inf`` masks entries and one entry per slice along
+    ``dim`` must be chosen (a simplex): no NaN or ``+inf``, and no slice that is all ``-inf``
+    (it has no distribution: softmax would return NaN). The maximum along ``dim`` (NaN-
+    propagating) is finite exactly when its slice is fine; on the CPU the sum of those maxima
+    is read (finite sum ⇒ all fine; the precise check runs only when it is not, to tell an
+    overflowing sum from a bad slice): 3 dispatched ops and one host read. On CUDA a
+    device-side assert on ``isfinite(max).all()``."""
+    if not w.numel() or _unreadable(w):
+        return
+    with torch.no_grad():
+        top = w.amax(dim)
+        if reads_stall(top):
+            _assert_on_device(torch.isfinite(top).all(),
+                              f"perturb: {name} contains NaN or +inf, or a slice along dim "
+                              f"{dim} whose entries are all -inf")
+            return
+        if math.isfinite(float(top.sum())) or bool(torch.isfinite(top).all()):
+            return
+    check_finite(w, name, allow_neg_inf=True)               # NaN or +inf: says which
+    raise ValueError(f"{name} has a slice along dim {dim} whose entries are all -inf: nothing "
+                     f"can be chosen there (its softmax is undefined); mask fewer entries")
+
+
 def check_scores(w: torch.Tensor, name: str = "w", *, min_ndim: int = 1,
                  square: bool = False, allow_neg_inf: bool = False) -> None:
     """Check a score tensor: a floating tensor of at least ``min_ndim`` dims, finite values.

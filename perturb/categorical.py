@@ -62,13 +62,16 @@ _SIMPLEX, _ENTROPY, _GUMBEL = Simplex(), Entropy(), Gumbel()  # immutable, share
 # helpers
 # --------------------------------------------------------------------------------------------
 
-def _check_logits(x: torch.Tensor, name: str) -> None:
-    """Structural checks always; finiteness (one cheap reduction) while validation is on.
+def _check_logits(x: torch.Tensor, name: str, dim: int = -1) -> None:
+    """Structural checks always; the values (one reduction along ``dim``) while validation is on.
 
     −inf is accepted: it masks a category (probability exactly 0, gradient 0), as in
-    ``torch.softmax``; a row that is entirely −inf has no distribution and gives NaN, as there.
+    ``torch.softmax``; a slice along ``dim`` that is entirely −inf has no distribution and is
+    refused (``torch.softmax`` returns NaN there).
     """
-    _validation.check_scores(x, name, min_ndim=1, allow_neg_inf=True)
+    _validation.check_score_shape(x, name, min_ndim=1)
+    if _validation.validation_enabled():
+        _validation.check_masked_scores(x, name, check_dim(x, dim, "dim"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,7 +211,7 @@ def softmax(x: torch.Tensor, dim: int = -1, tau: float | torch.Tensor = 1.0,
         >>> softmax(torch.tensor([1.0, 2.0, 3.0]), tau=0.5)
         tensor([0.0159, 0.1173, 0.8668])
     """
-    _check_logits(x, "x")  # checked once, under the public argument name
+    _check_logits(x, "x", dim)  # checked once, under the public argument name
     return _along_dim(lambda v: _regularized_argmax(v, Simplex(), Entropy(), tau, backward),
                       x, dim, "x")
 
@@ -243,7 +246,7 @@ def sparsemax(x: torch.Tensor, dim: int = -1, tau: float | torch.Tensor = 1.0,
     References:
         Martins & Astudillo, "From Softmax to Sparsemax", ICML 2016, arXiv:1602.02068.
     """
-    _check_logits(x, "x")  # checked once, under the public argument name
+    _check_logits(x, "x", dim)  # checked once, under the public argument name
     return _along_dim(lambda v: _regularized_argmax(v, Simplex(), SquaredNorm(), tau, backward),
                       x, dim, "x")
 
@@ -255,7 +258,7 @@ def _stochastic_softmax(logits: torch.Tensor, noise, tau, hard: bool, dim: int,
     One value check of the logits (CPU: one reduction and a host read; CUDA: on the device,
     asynchronous); the perturbed scores need none, the built-in noises being finite.
     """
-    _check_logits(logits, "logits")
+    _check_logits(logits, "logits", dim)
     check_tau(tau)
     if not isinstance(hard, bool):
         raise ValueError(f"hard must be a bool, got {hard!r}")

@@ -86,6 +86,13 @@ def _score_cases(fn: Callable, name: str, matrix: bool = False) -> list[Case]:
     return cases
 
 
+def _all_masked_row(fn: Callable, name: str) -> list[Case]:
+    """A row whose entries are all -inf (masks allowed, but nothing left to choose)."""
+    x = V.clone()
+    x[0] = -math.inf
+    return [Case(f"{name} row all -inf", lambda: fn(x), name)]
+
+
 def _tau_cases(fn: Callable, name: str = "tau") -> list[Case]:
     """τ ≤ 0, NaN, inf, a tensor that would enlarge the batch, for ``fn(tau)``."""
     return [
@@ -150,17 +157,17 @@ CATALOGUE: dict[str, list[Case]] = {
     "relax": _score_cases(perturb.relax, "theta") + _tau_cases(lambda t: perturb.relax(V, tau=t))
     + [Case("hard not a bool", lambda: perturb.relax(V, hard=1), "hard"),
        Case("unknown backward", lambda: perturb.relax(V, backward="x"), "backward")],
-    "gumbel_softmax": _score_cases(perturb.gumbel_softmax, "logits")
+    "gumbel_softmax": _score_cases(perturb.gumbel_softmax, "logits") + _all_masked_row(perturb.gumbel_softmax, "logits")
     + _tau_cases(lambda t: perturb.gumbel_softmax(V, t)) + [
         Case("dim out of range", lambda: perturb.gumbel_softmax(V, dim=2), "dim"),
         Case("hard not a bool", lambda: perturb.gumbel_softmax(V, hard="yes"), "hard"),
     ],
-    "gaussian_softmax": _score_cases(perturb.gaussian_softmax, "logits")
+    "gaussian_softmax": _score_cases(perturb.gaussian_softmax, "logits") + _all_masked_row(perturb.gaussian_softmax, "logits")
     + _tau_cases(lambda t: perturb.gaussian_softmax(V, t))
     + _tau_cases(lambda s: perturb.gaussian_softmax(V, sigma=s), "sigma"),
-    "sparsemax": _score_cases(perturb.sparsemax, "x") + [
+    "sparsemax": _score_cases(perturb.sparsemax, "x") + _all_masked_row(perturb.sparsemax, "x") + [
         Case("dim out of range", lambda: perturb.sparsemax(V, dim=-3), "dim")],
-    "softmax": _score_cases(perturb.softmax, "x")
+    "softmax": _score_cases(perturb.softmax, "x") + _all_masked_row(perturb.softmax, "x")
     + _tau_cases(lambda t: perturb.softmax(V, tau=t)),
     "perturbed": _score_cases(lambda x: perturb.perturbed(_argmax, x), "theta") + [
         Case("argmax_fn not callable", lambda: perturb.perturbed(None, V), "argmax_fn"),
