@@ -463,7 +463,8 @@ def test_dispatched_ops_against_torch():
     hard, _ = _ops_and_host_reads(lambda v: gumbel_softmax(v, 0.5, hard=True), x, g)
     peer_hard, _ = _ops_and_host_reads(lambda v: F.gumbel_softmax(v, 0.5, hard=True), x, g)
     assert hard == peer_hard + 3
-    assert _ops_and_host_reads(lambda v: relax(v, tau=0.5), x, g) == (ours, 1)
+    # relax refuses -inf outright (Simplex scores are finite), so its check is one global max
+    assert _ops_and_host_reads(lambda v: relax(v, tau=0.5), x, g) == (ours - 1, 1)
 
 
 @pytest.fixture
