@@ -158,14 +158,22 @@ def _split_scores(left: torch.Tensor, right: torch.Tensor, k: int) -> torch.Tens
     return left[:, :, :, :, None, :, None] + rg[:, :, None]
 
 
+def _reduce(s: torch.Tensor, op: str) -> torch.Tensor:
+    """⊕ over the split (t, j) = dims (3, 5) of :func:`_split_scores`."""
+    top = s.amax(dim=(3, 5), keepdim=True)
+    if op == "max":
+        return top.squeeze(5).squeeze(3)
+    # the max of a row is finite (≥ 2·NEG), so s − top never meets inf − inf
+    return (s - top).exp().sum(dim=(3, 5)).log() + top.squeeze(5).squeeze(3)
+
+
 def _inside(leaves: torch.Tensor, k: int, op: str = "lse") -> list[torch.Tensor]:
     """Tables of every level, leaves first, root (one block) last. op: "lse" or "max"."""
     levels = [leaves]
     neg = _neg(leaves.dtype)
     while levels[-1].shape[0] > 1:
         s = _split_scores(*_pairs(levels[-1]), k)
-        red = torch.logsumexp(s, dim=(3, 5)) if op == "lse" else s.amax(dim=(3, 5))
-        levels.append(red.clamp_min(neg))                                 # (P, B, s, u, c)
+        levels.append(_reduce(s, op).clamp_min(neg))                     # (P, B, s, u, c)
     return levels
 
 
@@ -195,15 +203,16 @@ def _marginals_from_levels(levels: list[torch.Tensor], d: int, k: int) -> torch.
         left, right = _pairs(x)
         s = _split_scores(left, right, k)                                 # (P, B, s, t, u, j, c)
         P, m_out = s.shape[0], s.shape[-1]
-        flat = s.permute(0, 1, 2, 4, 6, 3, 5).reshape(P, B, 2, 2, m_out, 2 * mc)
-        cond = torch.softmax(flat, -1)                                    # over (t, j)
-        w = prob[..., None] * cond                                        # (P, B, s, u, c, t·j)
-        w = w.reshape(P, B, 2, 2, m_out, 2, mc)                           # (P, B, s, u, c, t, j)
-        p_left = w.sum(dim=(3, 4))                                        # (P, B, s, t, j)
+        # P(split | node state): a softmax over (t, j), normalised here rather than by the
+        # parent's table (whose rounding is relative to its magnitude, up to ~1e10), so each
+        # conditional sums to 1 to rounding and the mass is conserved
+        cond = (s - s.amax(dim=(3, 5), keepdim=True)).exp()
+        cond = cond / cond.sum(dim=(3, 5), keepdim=True)
+        w = prob[:, :, :, None, :, None, :] * cond                        # (P, B, s, t, u, j, c)
+        p_left = w.sum(dim=(4, 6))                                        # (P, B, s, t, j)
         # right child: (t, u, c − j), summing s and j
-        wr = w.sum(2).permute(0, 1, 4, 2, 5, 3)                           # (P, B, t, u, j, c)
         idx = _band(mc, m_out, x.device).reshape(-1)
-        wr = wr.reshape(P, B, 2, 2, mc * m_out)
+        wr = w.sum(2).reshape(P, B, 2, 2, mc * m_out)                     # (P, B, t, u, j·c)
         p_right = wr.new_zeros(P, B, 2, 2, mc + 1).index_add(-1, idx, wr)[..., :mc]
         prob = torch.stack([p_left, p_right], 1).reshape(2 * P, B, 2, 2, mc)[:nb]
     unary = prob[:, :, :, 1, 1].sum(-1).t()                               # (B, d)
