@@ -133,7 +133,7 @@ def train_one(method: str, data, args, seed: int, device):
     history = []
     for _ in range(args.epochs):
         perm = torch.randperm(len(x_tr), generator=order).to(device)
-        total = 0.0
+        total = torch.zeros((), device=device)
         for i in range(0, len(x_tr), args.batch_size):
             idx = perm[i:i + args.batch_size]
             xb, tb = x_tr[idx], t_tr[idx]
@@ -142,8 +142,8 @@ def train_one(method: str, data, args, seed: int, device):
             opt.zero_grad()
             loss.backward()
             opt.step()
-            total += float(loss) * len(idx)
-        history.append(total / len(x_tr))
+            total += loss.detach() * len(idx)
+        history.append(float(total) / len(x_tr))
     with torch.no_grad():
         sel = select(method, selector, x_te, args.k, args.tau, None, exact=True)
         precision = float((sel * s_te).sum(-1).mean() / args.k)

@@ -141,30 +141,29 @@ def _pairs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _band(m: int, m_out: int, device: torch.device) -> torch.Tensor:
-    """idx[j, c] = c − j where 0 ≤ c − j < m, else m (a padded "−∞" slot): ``(m, m_out)``."""
-    j = torch.arange(m, device=device)[:, None]
-    c = torch.arange(m_out, device=device)[None, :]
+    """idx[c, j] = c − j where 0 ≤ c − j < m, else m (a padded "−∞" slot): ``(m_out, m)``."""
+    c = torch.arange(m_out, device=device)[:, None]
+    j = torch.arange(m, device=device)[None, :]
     idx = c - j
     return torch.where((idx >= 0) & (idx < m), idx, m)
 
 
 def _split_scores(left: torch.Tensor, right: torch.Tensor, k: int) -> torch.Tensor:
-    """S[p, b, s, t, u, j, c] = T_L[s, t, j] + T_R[t, u, c − j] for c < m_out = min(k, 2(m−1)) + 1."""
-    m = left.shape[-1]
+    """S[p, b, s, u, c, t·m + j] = T_L[s, t, j] + T_R[t, u, c − j], c < min(k, 2(m−1)) + 1.
+
+    The split (t, j) is the last, contiguous dim, so that its reductions are fast."""
+    P, B, _, _, m = left.shape
     m_out = min(k, 2 * (m - 1)) + 1
     idx = _band(m, m_out, left.device)
     rp = F.pad(right, (0, 1), value=_neg(right.dtype))                   # slot m: −∞
-    rg = rp[..., idx]                                                     # (P, B, t, u, j, c)
-    return left[:, :, :, :, None, :, None] + rg[:, :, None]
+    rg = rp[..., idx].permute(0, 1, 3, 4, 2, 5)                           # (P, B, u, c, t, j)
+    s = left[:, :, :, None, None, :, :] + rg[:, :, None]                  # (P, B, s, u, c, t, j)
+    return s.reshape(P, B, 2, 2, m_out, 2 * m)
 
 
 def _reduce(s: torch.Tensor, op: str) -> torch.Tensor:
-    """⊕ over the split (t, j) = dims (3, 5) of :func:`_split_scores`."""
-    top = s.amax(dim=(3, 5), keepdim=True)
-    if op == "max":
-        return top.squeeze(5).squeeze(3)
-    # the max of a row is finite (≥ 2·NEG), so s − top never meets inf − inf
-    return (s - top).exp().sum(dim=(3, 5)).log() + top.squeeze(5).squeeze(3)
+    """⊕ over the split (t, j), the last dim of :func:`_split_scores`."""
+    return torch.logsumexp(s, -1) if op == "lse" else s.amax(-1)
 
 
 def _inside(leaves: torch.Tensor, k: int, op: str = "lse") -> list[torch.Tensor]:
@@ -201,18 +200,17 @@ def _marginals_from_levels(levels: list[torch.Tensor], d: int, k: int) -> torch.
     for x in reversed(levels[:-1]):
         nb, mc = x.shape[0], x.shape[-1]
         left, right = _pairs(x)
-        s = _split_scores(left, right, k)                                 # (P, B, s, t, u, j, c)
-        P, m_out = s.shape[0], s.shape[-1]
+        s = _split_scores(left, right, k)                                 # (P, B, s, u, c, t·j)
+        P, m_out = s.shape[0], s.shape[-2]
         # P(split | node state): a softmax over (t, j), normalised here rather than by the
         # parent's table (whose rounding is relative to its magnitude, up to ~1e10), so each
         # conditional sums to 1 to rounding and the mass is conserved
-        cond = (s - s.amax(dim=(3, 5), keepdim=True)).exp()
-        cond = cond / cond.sum(dim=(3, 5), keepdim=True)
-        w = prob[:, :, :, None, :, None, :] * cond                        # (P, B, s, t, u, j, c)
-        p_left = w.sum(dim=(4, 6))                                        # (P, B, s, t, j)
+        w = prob[..., None] * torch.softmax(s, -1)
+        w = w.reshape(P, B, 2, 2, m_out, 2, mc)                           # (P, B, s, u, c, t, j)
+        p_left = w.sum(dim=(3, 4))                                        # (P, B, s, t, j)
         # right child: (t, u, c − j), summing s and j
         idx = _band(mc, m_out, x.device).reshape(-1)
-        wr = w.sum(2).reshape(P, B, 2, 2, mc * m_out)                     # (P, B, t, u, j·c)
+        wr = w.sum(2).permute(0, 1, 4, 2, 3, 5).reshape(P, B, 2, 2, m_out * mc)  # (t, u, c·j)
         p_right = wr.new_zeros(P, B, 2, 2, mc + 1).index_add(-1, idx, wr)[..., :mc]
         prob = torch.stack([p_left, p_right], 1).reshape(2 * P, B, 2, 2, mc)[:nb]
     unary = prob[:, :, :, 1, 1].sum(-1).t()                               # (B, d)
