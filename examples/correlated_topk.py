@@ -55,7 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--d", type=int, default=40, help="number of features")
     p.add_argument("--k", type=int, default=5, help="span length = subset size")
-    p.add_argument("--sigma", type=float, default=1.0, help="noise of the span features")
+    p.add_argument("--sigma", type=float, default=0.5, help="noise of the span features")
     p.add_argument("--n-train", type=int, default=4000)
     p.add_argument("--n-test", type=int, default=2000)
     p.add_argument("--epochs", type=int, default=20)
@@ -87,12 +87,13 @@ def make_data(n: int, d: int, k: int, sigma: float, generator: torch.Generator):
 
 
 class Selector(nn.Module):
-    """1-D CNN over the features: d unary scores and d − 1 adjacent-pair scores."""
+    """A local scorer: one conv layer (receptive field 3), then d unary scores (1 × 1 conv) and
+    d − 1 adjacent-pair scores (a width-2 conv over the hidden units, receptive field 4). The
+    evidence for a span is spread over k positions; only the structured argmax combines it."""
 
     def __init__(self, hidden: int):
         super().__init__()
-        self.body = nn.Sequential(nn.Conv1d(1, hidden, 5, padding=2), nn.ReLU(),
-                                  nn.Conv1d(hidden, hidden, 5, padding=2), nn.ReLU())
+        self.body = nn.Sequential(nn.Conv1d(1, hidden, 3, padding=1), nn.ReLU())
         self.unary = nn.Conv1d(hidden, 1, 1)
         self.pair = nn.Conv1d(hidden, 1, 2)
 
