@@ -14,8 +14,8 @@ selected features x ⊙ m:
     (b) top-k:            m = relax(unary, KSubset(k), Gumbel(), f, tau), f one of
         ExpFamilyEntropy, Entropy, SquaredNorm (Euclidean), BinaryEntropy.
 
-At test time the selection is exact: correlated_topk(...) for (a), topk(unary) for (b). We
-report the subset precision |selected ∩ span| / k and the test MSE of the regressor on the
+At test time the selection is exact: correlated_topk_argmax(...) for (a), topk(unary) for
+(b). We report the subset precision |selected ∩ span| / k and the test MSE of the regressor on the
 exact selection, as mean ± std over seeds (markdown table), and a plot.
 
 Run ``python examples/correlated_topk.py --help``; ``--quick`` is a < 60 s version.
@@ -37,7 +37,12 @@ from torch import nn  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import perturb  # noqa: E402
-from perturb.structured import CorrelatedKSubset, KSubset, correlated_topk, topk  # noqa: E402
+from perturb.structured import (  # noqa: E402
+    CorrelatedKSubset,
+    KSubset,
+    correlated_topk_argmax,
+    topk,
+)
 
 METHODS = {
     "correlated top-k (ExpFamilyEntropy)": None,
@@ -115,7 +120,7 @@ def select(method: str, selector: Selector, x: torch.Tensor, k: int, tau: float,
     if METHODS[method] is None:
         theta = torch.cat([unary, pair], -1)
         if exact:
-            return correlated_topk(theta, k)[:, :d]
+            return correlated_topk_argmax(theta, k)[:, :d]
         return perturb.relax(theta, CorrelatedKSubset(k), perturb.Gumbel(),
                              perturb.ExpFamilyEntropy(), tau=tau, generator=generator)[:, :d]
     if exact:

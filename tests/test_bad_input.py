@@ -274,8 +274,8 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("validate even n", lambda: St.CorrelatedKSubset(1).validate(
             torch.randn(2, 4, dtype=F64)), "w"),
         Case("validate k > d", lambda: St.CorrelatedKSubset(4).validate(V), "k")],
-    "correlated_topk": _score_cases(lambda w: St.correlated_topk(w, 2), "w")
-    + _int_cases(lambda k: St.correlated_topk(V, k), "k", 0, 4),
+    "correlated_topk_argmax": _score_cases(lambda w: St.correlated_topk_argmax(w, 2), "w")
+    + _int_cases(lambda k: St.correlated_topk_argmax(V, k), "k", 0, 4),
     "correlated_topk_log_partition": _score_cases(
         lambda w: St.correlated_topk_log_partition(w, 2), "w")
     + _int_cases(lambda k: St.correlated_topk_log_partition(V, k), "k", 0, 4)

@@ -5,7 +5,7 @@ Importing this package registers their solvers with :func:`perturb.register_solv
 """
 from perturb.structured.correlated_topk import (
     CorrelatedKSubset,
-    correlated_topk,
+    correlated_topk_argmax,
     correlated_topk_log_partition,
     correlated_topk_marginals,
     sample_correlated_topk,
@@ -42,7 +42,7 @@ __all__ = [
     "Permutations", "sinkhorn", "gumbel_sinkhorn", "matching", "SinkhornConvergenceWarning",
     "KSubset", "topk", "relaxed_topk", "ksubset_log_partition", "ksubset_marginals",
     "sample_ksubset",
-    "CorrelatedKSubset", "correlated_topk", "correlated_topk_log_partition",
+    "CorrelatedKSubset", "correlated_topk_argmax", "correlated_topk_log_partition",
     "correlated_topk_marginals", "sample_correlated_topk",
     "SpanningTrees", "Arborescences", "spanning_tree_marginals", "spanning_tree_log_partition",
     "max_spanning_tree", "arborescence_marginals", "arborescence_log_partition",

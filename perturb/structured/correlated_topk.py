@@ -73,7 +73,7 @@ from perturb._validation import check_int, check_scores, check_tau, scale_by_tau
 from perturb.regularizers import ExpFamilyEntropy, Regularizer
 from perturb.structures import Structure, register_solver
 
-__all__ = ["CorrelatedKSubset", "correlated_topk", "correlated_topk_log_partition",
+__all__ = ["CorrelatedKSubset", "correlated_topk_argmax", "correlated_topk_log_partition",
            "correlated_topk_marginals", "sample_correlated_topk"]
 
 
@@ -435,7 +435,7 @@ def _solve_exp_family(w, structure, regularizer, tau, backward):
 # public functions
 # --------------------------------------------------------------------------------------------
 
-def correlated_topk(w: torch.Tensor, k: int) -> torch.Tensor:
+def correlated_topk_argmax(w: torch.Tensor, k: int) -> torch.Tensor:
     r"""The exact argmax_{z ∈ Z} ⟨w, z⟩ over correlated k-subsets (no gradient).
 
     Maximises Σ_i a_i z_i + Σ_j b_j z_j z_{j+1} over Σ z_i = k by the (max, +) block tables
@@ -456,7 +456,7 @@ def correlated_topk(w: torch.Tensor, k: int) -> torch.Tensor:
 
     Example::
 
-        >>> correlated_topk(torch.tensor([1., 0., 1., 3., 0.]), 2)
+        >>> correlated_topk_argmax(torch.tensor([1., 0., 1., 3., 0.]), 2)
         tensor([1., 1., 0., 1., 0.])
     """
     structure = CorrelatedKSubset(k)

@@ -18,7 +18,7 @@ import perturb
 from perturb import ExpFamilyEntropy, regularized_argmax, relax
 from perturb.structured import (
     CorrelatedKSubset,
-    correlated_topk,
+    correlated_topk_argmax,
     correlated_topk_log_partition,
     correlated_topk_marginals,
     ksubset_log_partition,
@@ -67,7 +67,7 @@ def _sequential_log_partition(w: torch.Tensor, k: int) -> torch.Tensor:
 def test_against_enumeration(d, k, seed):
     w = 2 * torch.randn(4, 2 * d - 1, dtype=F64)
     best, logz, mu = _brute(w, k)
-    z = correlated_topk(w, k)
+    z = correlated_topk_argmax(w, k)
     assert CorrelatedKSubset(k).check(z).all()
     torch.testing.assert_close((w * z).sum(-1), best, rtol=0, atol=1e-12)
     torch.testing.assert_close(correlated_topk_log_partition(w, k), logz, rtol=1e-13, atol=1e-12)
@@ -115,9 +115,9 @@ def test_argmax_prefers_contiguous_runs():
 
 def test_argmax_with_ties_is_a_vertex_and_deterministic():
     w = torch.zeros(5, 2 * 9 - 1)
-    z = correlated_topk(w, 4)
+    z = correlated_topk_argmax(w, 4)
     assert CorrelatedKSubset(4).check(z).all()
-    assert torch.equal(z, correlated_topk(w, 4))
+    assert torch.equal(z, correlated_topk_argmax(w, 4))
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,7 +236,8 @@ def test_small_tau_approaches_the_argmax(d, data):
     gap = float(scores[0] - scores[1]) if len(z) > 1 else 1.0
     assume(gap > 1e-3)
     mu = correlated_topk_marginals(w, k, tau=gap / 40)
-    torch.testing.assert_close(mu, correlated_topk(w, k), rtol=0, atol=len(z) * math.exp(-40))
+    torch.testing.assert_close(mu, correlated_topk_argmax(w, k), rtol=0,
+                               atol=len(z) * math.exp(-40))
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,7 +255,7 @@ def test_scores_of_1e4_at_small_tau_are_finite(dtype, kind):
         w = 1e4 * torch.randint(-1, 2, (3, 2 * d - 1), generator=g).to(F64)
     w = w.to(dtype).requires_grad_()
     logz = correlated_topk_log_partition(w, k, tau=1e-3)
-    best = (w.detach().double() * correlated_topk(w, k).double()).sum(-1) / 1e-3
+    best = (w.detach().double() * correlated_topk_argmax(w, k).double()).sum(-1) / 1e-3
     assert torch.isfinite(logz).all()
     # log Z is within log |Z| of the best score over τ (up to the rounding of w/τ)
     gap = logz.double() - best
@@ -279,14 +280,14 @@ def test_half_precision_in_float32(dtype):
         out = fn(w.to(dtype), 3)
         assert out.dtype == dtype
         torch.testing.assert_close(out.float(), fn(w.to(dtype).float(), 3).to(dtype).float())
-    assert correlated_topk(w.to(dtype), 3).dtype == dtype
+    assert correlated_topk_argmax(w.to(dtype), 3).dtype == dtype
 
 
 def test_empty_batch():
     w = torch.zeros(0, 7, requires_grad=True)
     assert correlated_topk_marginals(w, 2).shape == (0, 7)
     assert correlated_topk_log_partition(w, 2).shape == (0,)
-    assert correlated_topk(w, 2).shape == (0, 7)
+    assert correlated_topk_argmax(w, 2).shape == (0, 7)
 
 
 def test_structure_contract():
@@ -305,7 +306,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="odd"):
         correlated_topk_marginals(torch.randn(2, 6), 2)
     with pytest.raises(ValueError, match="k must satisfy"):
-        correlated_topk(torch.randn(2, 5), 4)
+        correlated_topk_argmax(torch.randn(2, 5), 4)
     with pytest.raises(ValueError, match="k must be >= 1"):
         CorrelatedKSubset(0)
     with pytest.raises(ValueError, match="tau"):
