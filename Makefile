@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # The quickstart first, then the short (--quick) version of every experiment.
-DEMOS := quickstart sinkhorn_sort subset_selection latent_tree compare_perturbations \
+DEMOS := quickstart sinkhorn_sort subset_selection correlated_topk latent_tree compare_perturbations \
          box_hierarchy categorical_vae ivae structured_latent
 
 # WordNet 3.0 noun files for the box-hierarchy experiments (Debian's wordnet-base); optional:

@@ -277,6 +277,25 @@ CATALOGUE: dict[str, list[Case]] = {
     "sample_ksubset": _score_cases(lambda w: St.sample_ksubset(w, 2), "w")
     + _int_cases(lambda k: St.sample_ksubset(V, k), "k", 0, 6)
     + [Case("n_samples 0", lambda: St.sample_ksubset(V, 2, n_samples=0), "n_samples")],
+    "CorrelatedKSubset": _int_cases(St.CorrelatedKSubset, "k", 0) + [
+        Case("validate even n", lambda: St.CorrelatedKSubset(1).validate(
+            torch.randn(2, 4, dtype=F64)), "w"),
+        Case("validate k > d", lambda: St.CorrelatedKSubset(4).validate(V), "k")],
+    "correlated_topk_argmax": _score_cases(lambda w: St.correlated_topk_argmax(w, 2), "w")
+    + _int_cases(lambda k: St.correlated_topk_argmax(V, k), "k", 0, 4),
+    "correlated_topk_log_partition": _score_cases(
+        lambda w: St.correlated_topk_log_partition(w, 2), "w")
+    + _int_cases(lambda k: St.correlated_topk_log_partition(V, k), "k", 0, 4)
+    + _tau_cases(lambda t: St.correlated_topk_log_partition(V, 2, tau=t)),
+    "correlated_topk_marginals": _score_cases(lambda w: St.correlated_topk_marginals(w, 2), "w")
+    + _int_cases(lambda k: St.correlated_topk_marginals(V, k), "k", 0, 4)
+    + _tau_cases(lambda t: St.correlated_topk_marginals(V, 2, tau=t))
+    + [Case("even n", lambda: St.correlated_topk_marginals(torch.randn(3, 4, dtype=F64), 1),
+            "odd")],
+    "sample_correlated_topk": _score_cases(lambda w: St.sample_correlated_topk(w, 2), "w")
+    + _int_cases(lambda k: St.sample_correlated_topk(V, k), "k", 0, 4)
+    + _tau_cases(lambda t: St.sample_correlated_topk(V, 2, tau=t))
+    + [Case("n_samples 0", lambda: St.sample_correlated_topk(V, 2, n_samples=0), "n_samples")],
     "SpanningTrees": [Case("validate non-square", lambda: St.SpanningTrees().validate(
         torch.randn(2, 3, 4, dtype=F64)), "w")],
     "Arborescences": _int_cases(lambda r: St.Arborescences(r), "root", -1),

@@ -16,7 +16,13 @@ import torch
 import perturb
 from perturb import registered_pairs, regularized_argmax
 from perturb import regularizers as regs
-from perturb.structured import Arborescences, KSubset, Permutations, SpanningTrees
+from perturb.structured import (
+    Arborescences,
+    CorrelatedKSubset,
+    KSubset,
+    Permutations,
+    SpanningTrees,
+)
 from perturb.structures import Simplex
 
 #: one small example per structure type: the instance and the event shape of its scores.
@@ -27,6 +33,7 @@ EXAMPLES = {
     "Permutations": lambda: (Permutations(n_iters=1000, tol=1e-12), (4, 4)),
     "SpanningTrees": lambda: (SpanningTrees(), (4, 4)),
     "Arborescences": lambda: (Arborescences(), (4, 4)),
+    "CorrelatedKSubset": lambda: (CorrelatedKSubset(2), (7,)),    # d = 4 items, 3 pairs
 }
 TAU = 0.7
 PAIRS = registered_pairs()

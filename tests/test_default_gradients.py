@@ -38,6 +38,7 @@ from perturb import regularized_argmax, registered_pairs
 from perturb import regularizers as regs
 from perturb.structured import (
     Arborescences,
+    CorrelatedKSubset,
     KSubset,
     Permutations,
     SinkhornConvergenceWarning,
@@ -72,6 +73,9 @@ CASES = {
     "SpanningTrees": (6, 0.2, lambda data, n: SpanningTrees()),
     "Arborescences": (6, 0.2, lambda data, n: Arborescences(
         data.draw(st.integers(0, n - 1), label="root"))),
+    # n is the number of items d here; the scores have 2d − 1 entries (see _event)
+    "CorrelatedKSubset": (6, 0.2, lambda data, n: CorrelatedKSubset(
+        data.draw(st.integers(1, n), label="k"))),
 }
 TAU_MAX = 2.0
 #: hypothesis examples per pair (default 60): the file runs in 10-15 s on 2 CPU cores.
@@ -90,6 +94,8 @@ def _case(name):
 
 
 def _event(structure, n):
+    if isinstance(structure, CorrelatedKSubset):
+        return (2 * n - 1,)                           # d = n unary and n − 1 pairwise scores
     return (n,) if structure.event_dim == 1 else (n, n)
 
 
@@ -218,6 +224,7 @@ REFERENCES = {
     ("Permutations", "Entropy"): (_finite_differences, SINKHORN_DEFAULT),
     ("SpanningTrees", "ExpFamilyEntropy"): (_brute_force, EXACT),
     ("Arborescences", "ExpFamilyEntropy"): (_brute_force, EXACT),
+    ("CorrelatedKSubset", "ExpFamilyEntropy"): (_brute_force, EXACT),
 }
 
 

@@ -8,6 +8,8 @@ loss must be finite and the output must satisfy its structure's linear constrain
 
 - Simplex: entries in [0, 1], rows sum to 1;
 - KSubset(k): entries in [0, 1], rows sum to k;
+- CorrelatedKSubset(k) (n = d items, scores of size 2d − 1): entries in [0, 1], the d item
+  marginals sum to k, each pair marginal ≤ both of its items';
 - Permutations: rows or columns sum to 1 (the last normalisation), the other side within the
   tolerance the solver reports using (``SinkhornSolution.tol``: max(tol, its rounding floor)), or
   within the error it measured when it warned of non-convergence;
@@ -32,6 +34,7 @@ from perturb import registered_pairs, regularized_argmax
 from perturb import regularizers as regs
 from perturb.structured import (
     Arborescences,
+    CorrelatedKSubset,
     KSubset,
     Permutations,
     SinkhornConvergenceWarning,
@@ -51,7 +54,15 @@ CASES = {
     "Permutations": (12, 1000, lambda n: Permutations()),
     "SpanningTrees": (12, 200, lambda n: SpanningTrees()),
     "Arborescences": (12, 200, lambda n: Arborescences(n // 2)),
+    # n is the number of items d: scores of size 2d − 1 (see _event)
+    "CorrelatedKSubset": (20, 1000, lambda n: CorrelatedKSubset(max(1, n // 3))),
 }
+
+
+def _event(structure, n):
+    if isinstance(structure, CorrelatedKSubset):
+        return (2 * n - 1,)
+    return (n,) if structure.event_dim == 1 else (n, n)
 
 
 def _ids(pairs):
@@ -96,6 +107,12 @@ def _check_constraints(structure, w, y, warned):
         close(y64.sum(-1), 1.0, 1.0)
     elif isinstance(structure, KSubset):
         close(y64.sum(-1), float(structure.k), float(structure.k))
+    elif isinstance(structure, CorrelatedKSubset):
+        d = (n + 1) // 2
+        close(y64[..., :d].sum(-1), float(structure.k), float(structure.k))
+        # a pair is chosen only with both its items: μ_{d+j} ≤ min(μ_j, μ_{j+1})
+        both = torch.minimum(y64[..., :d - 1], y64[..., 1:d])
+        assert (y64[..., d:] <= both + slack).all(), "pair marginal above an item marginal"
     elif isinstance(structure, Permutations):
         rows = (y64.sum(-1) - 1).abs().amax(-1)
         cols = (y64.sum(-2) - 1).abs().amax(-1)
@@ -124,7 +141,7 @@ def _run(pair, n, dtype, kind, seed, batch=2):
         pytest.fail(f"no extreme-input case for structure {pair.structure!r}: add one to CASES "
                     f"in {HERE}")
     structure = CASES[pair.structure][2](n)
-    event = (n,) if structure.event_dim == 1 else (n, n)
+    event = _event(structure, n)
     w = _scores(event, dtype, kind, seed, batch).requires_grad_()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SinkhornConvergenceWarning)

@@ -22,6 +22,7 @@ from perturb import regularizers as regs
 from perturb._precision import LOW_PRECISION, full_precision, upcast, working_dtype
 from perturb.structured import (
     Arborescences,
+    CorrelatedKSubset,
     KSubset,
     Permutations,
     SinkhornConvergenceWarning,
@@ -40,6 +41,7 @@ CASES = {
     "Permutations": (6, Permutations()),
     "SpanningTrees": (6, SpanningTrees()),
     "Arborescences": (6, Arborescences(0)),
+    "CorrelatedKSubset": (9, CorrelatedKSubset(2)),        # event 2d − 1 = 9: d = 5 items
 }
 
 

@@ -23,6 +23,7 @@ import perturb
 from perturb import registered_pairs, regularizers as regs
 from perturb.structured import (
     Arborescences,
+    CorrelatedKSubset,
     KSubset,
     Permutations,
     SinkhornConvergenceWarning,
@@ -77,6 +78,7 @@ def _grad_of(fn, *inputs):
 
 W = torch.randn(3, 6, generator=_gen(0), dtype=torch.float64)
 M = torch.randn(2, 5, 5, generator=_gen(1), dtype=torch.float64)
+W7 = torch.randn(3, 7, generator=_gen(2), dtype=torch.float64)   # correlated k-subsets, d = 4
 
 
 def _noise_case(noise):
@@ -180,6 +182,8 @@ CASES = {
         lambda w: perturb.structured.gumbel_sinkhorn(w, 0.5, generator=_gen(s)), M),
     "sample_ksubset": lambda s: (perturb.structured.sample_ksubset(W, 2, n_samples=5,
                                                                    generator=_gen(s)),),
+    "sample_correlated_topk": lambda s: (perturb.structured.sample_correlated_topk(
+        W7, 2, n_samples=5, generator=_gen(s)),),
     "sample_spanning_tree": lambda s: (perturb.structured.sample_spanning_tree(
         M, n_samples=5, generator=_gen(s)),),
     "sample_arborescence": lambda s: (perturb.structured.sample_arborescence(
@@ -263,6 +267,7 @@ STRUCTURES = {
     "Simplex": (Simplex(), (6,)), "KSubset": (KSubset(2), (6,)),
     "Permutations": (Permutations(), (5, 5)), "SpanningTrees": (SpanningTrees(), (5, 5)),
     "Arborescences": (Arborescences(0), (5, 5)),
+    "CorrelatedKSubset": (CorrelatedKSubset(2), (7,)),
 }
 PAIRS = [p for p in registered_pairs() if p.supported]
 
