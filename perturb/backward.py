@@ -282,10 +282,22 @@ def resolve_backward(backward: str, native: Sequence[str], what: str = "this sol
 
 
 def solve_with_backward(solve: Callable[[torch.Tensor, str], torch.Tensor], w: torch.Tensor,
-                        mode: str, native: Sequence[str], event_dim: int) -> torch.Tensor:
+                        mode: str, native: Sequence[str], event_dim: int,
+                        held: dict[str, object] | None = None) -> torch.Tensor:
     """``solve(w, mode)`` for a mode from :func:`resolve_backward`; ``"finite_difference"``
     where the solver has no native one runs its first native mode inside
-    :func:`finite_difference_solve` (``event_dim`` trailing dims per problem)."""
+    :func:`finite_difference_solve` (``event_dim`` trailing dims per problem).
+
+    Finite differences differentiate ``w`` only: ``held`` names the other inputs of ``solve``
+    (e.g. ``{"tau": tau}``), and one that requires a gradient is refused rather than silently
+    left without one.
+    """
     if mode == "finite_difference" and mode not in native:
+        if torch.is_grad_enabled():
+            for name, value in (held or {}).items():
+                if isinstance(value, torch.Tensor) and value.requires_grad:
+                    raise ValueError(
+                        f"backward='finite_difference' differentiates the scores only, but "
+                        f"{name} requires a gradient; use backward='auto' (or detach {name})")
         return finite_difference_solve(lambda v: solve(v, native[0]), w, event_dim=event_dim)
     return solve(w, mode)

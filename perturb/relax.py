@@ -138,7 +138,7 @@ def _solve(entry: SolverEntry, mode: str, w: torch.Tensor, structure: Structure,
     """Run a resolved solver on checked arguments: float16 / bfloat16 scores (and autocast
     regions) in float32, the result in the scores' dtype (:mod:`perturb._precision`)."""
     return solve_with_backward(lambda v, m: entry.solver(v, structure, regularizer, tau, m), w,
-                               mode, entry.backward, structure.event_dim)
+                               mode, entry.backward, structure.event_dim, {"tau": tau})
 
 
 def regularized_argmax(w: torch.Tensor, structure: Structure | None = None,

@@ -210,3 +210,31 @@ def test_direct_solvers_take_every_mode_of_the_vocabulary(name):
     for mode in lacking:
         with pytest.raises(ValueError, match=f"not supported for {name}; supported: 'auto'"):
             fn(w, mode)
+
+
+def test_finite_differences_never_leave_a_tensor_tau_silently_without_gradient():
+    """Finite differences differentiate the scores only: with a τ that requires a gradient every
+    registered pair either refuses ('finite_difference' ... tau) or gives τ its true gradient."""
+    from perturb import registered_pairs, regularized_argmax
+    from perturb import regularizers as regs
+    from tests.test_contract import EXAMPLES
+
+    for pair in registered_pairs():
+        if not pair.supported or pair.structure not in EXAMPLES:
+            continue
+        structure, event = EXAMPLES[pair.structure]()
+        reg = getattr(regs, pair.regularizer)()
+        g = torch.Generator().manual_seed(0)
+        w = torch.randn(2, *event, dtype=torch.float64, generator=g)
+        c = torch.randn(2, *event, dtype=torch.float64, generator=g)
+        tau = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+        try:
+            y = regularized_argmax(w, structure, reg, tau, backward="finite_difference")
+        except ValueError as e:
+            assert "finite_difference" in str(e) and "tau" in str(e), (pair, e)
+            continue
+        (gt,) = torch.autograd.grad((y * c).sum(), tau, allow_unused=True)
+        y_ref = regularized_argmax(w, structure, reg, tau, backward="auto")
+        (ref,) = torch.autograd.grad((y_ref * c).sum(), tau)
+        assert gt is not None, pair
+        torch.testing.assert_close(gt, ref, rtol=1e-4, atol=1e-6, msg=str(pair))

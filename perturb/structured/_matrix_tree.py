@@ -449,7 +449,7 @@ def spanning_tree_marginals(w: torch.Tensor, tau: float | torch.Tensor = 1.0,
     if mode == "finite_difference":
         return solve_with_backward(
             lambda v, m: spanning_tree_marginals(v, tau, mask, lengths, m), w, mode,
-            MARGINAL_BACKWARDS, event_dim=2)
+            MARGINAL_BACKWARDS, event_dim=2, held={"tau": tau})
     s, valid, nodes, root = _prepare(w, tau, mask, lengths, None, True)
     mu = _marginals(s, valid, nodes, 0, mode)
     return mu + mu.transpose(-1, -2)
@@ -516,6 +516,6 @@ def arborescence_marginals(w: torch.Tensor, root: int = 0, tau: float | torch.Te
     if mode == "finite_difference":
         return solve_with_backward(
             lambda v, m: arborescence_marginals(v, root, tau, mask, lengths, m), w, mode,
-            MARGINAL_BACKWARDS, event_dim=2)
+            MARGINAL_BACKWARDS, event_dim=2, held={"tau": tau})
     s, valid, nodes, root = _prepare(w, tau, mask, lengths, root, False)
     return _marginals(s, valid, nodes, root, mode)

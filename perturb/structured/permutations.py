@@ -324,7 +324,7 @@ def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: 
         return solve_with_backward(
             lambda v, m: sinkhorn(v, tau, n_iters, tol, m, a, b, mask, accelerate=accelerate,
                                   eps_scaling=eps_scaling),
-            log_alpha, mode, SINKHORN_BACKWARD, event_dim=2)
+            log_alpha, mode, SINKHORN_BACKWARD, event_dim=2, held={"tau": tau, "a": a, "b": b})
     w = log_alpha
     tau_t = _prepare_tau(tau, w)
     batch = torch.broadcast_shapes(w.shape[:-2], tau_t.shape[:-2])
