@@ -47,6 +47,7 @@ from perturb._validation import (
     validation_enabled,
 )
 from perturb.noise import Noise, Normal
+from perturb.structures import Structure
 
 __all__ = ["perturbed", "fenchel_young_loss", "PerturbedOptimizer", "perturbed_optimizer"]
 
@@ -109,13 +110,22 @@ def _run_argmax(argmax_fn: ArgmaxFn, u: torch.Tensor, event_dim: int,
     return y
 
 
-def _sample(argmax_fn: ArgmaxFn, theta: torch.Tensor, sigma: float, noise: Noise | None,
-            n_samples: int, generator: torch.Generator | None, event_dim: int, batched: bool):
-    """Validate, draw Z ``(n_samples, *theta.shape)``, return (noise, Z, y(θ + σZ))."""
+def _solver(argmax_fn: ArgmaxFn | Structure, event_dim: int) -> tuple[ArgmaxFn, int]:
+    """(the argmax callable, event_dim): a :class:`~perturb.Structure` brings its own exact
+    ``argmax`` and event dims; anything else must be a callable."""
+    if isinstance(argmax_fn, Structure):
+        return argmax_fn.argmax, argmax_fn.event_dim
     if not callable(argmax_fn):
-        raise ValueError(f"argmax_fn must be a callable mapping scores to structures, got "
-                         f"{argmax_fn!r}")
-    check_int(event_dim, "event_dim", low=0)
+        raise ValueError(f"argmax_fn must be a Structure or a callable mapping scores to "
+                         f"structures, got {argmax_fn!r}")
+    return argmax_fn, check_int(event_dim, "event_dim", low=0)
+
+
+def _sample(argmax_fn: ArgmaxFn | Structure, theta: torch.Tensor, sigma: float,
+            noise: Noise | None, n_samples: int, generator: torch.Generator | None,
+            event_dim: int, batched: bool):
+    """Validate, draw Z ``(n_samples, *theta.shape)``, return (noise, Z, y(θ + σZ))."""
+    argmax_fn, event_dim = _solver(argmax_fn, event_dim)
     check_scores(theta, "theta", min_ndim=event_dim)
     check_positive(sigma, "sigma")
     check_int(n_samples, "n_samples", low=1)
@@ -187,7 +197,9 @@ def perturbed(argmax_fn: ArgmaxFn, theta: torch.Tensor, sigma: float = 1.0,
     differentiated: it may be any exact solver, e.g. a networkx shortest path.
 
     Args:
-        argmax_fn: the solver. With ``batched=True`` it maps a tensor ``(M, *batch, *event)`` to
+        argmax_fn: the solver: a :class:`~perturb.Structure` (its exact ``argmax`` and
+            ``event_dim``, e.g. ``KSubset(3)``), or a callable. With ``batched=True`` it maps a
+            tensor ``(M, *batch, *event)`` to
             ``(M, *batch, *out)``; with ``batched=False`` it maps one problem ``(*event)`` to
             ``(*out)`` and is called M·|batch| times. It may return a tensor, a numpy array or a
             nested list; it receives a tensor on ``theta``'s device (call ``.cpu().numpy()``
@@ -316,8 +328,7 @@ class PerturbedOptimizer(torch.nn.Module):
                  n_samples: int = 100, *, event_dim: int = 1, batched: bool = True,
                  baseline: bool = True, generator: torch.Generator | None = None):
         super().__init__()
-        if not callable(argmax_fn):
-            raise ValueError(f"argmax_fn must be callable, got {argmax_fn!r}")
+        argmax_fn, event_dim = _solver(argmax_fn, event_dim)
         check_positive(sigma, "sigma")
         check_int(n_samples, "n_samples", low=1)
         self.argmax_fn = argmax_fn

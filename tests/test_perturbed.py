@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import perturb
 from perturb import Gumbel, Logistic, Normal, Simplex
 from perturb.perturbed import (
     PerturbedOptimizer,
@@ -319,3 +320,27 @@ def test_cuda_black_box_with_numpy_output():
     assert y.device.type == "cuda"
     y.sum().backward()
     assert theta.grad.device.type == "cuda" and bool(torch.isfinite(theta.grad).all())
+
+
+def test_a_structure_is_an_argmax_fn():
+    """perturbed / fenchel_young_loss / PerturbedOptimizer take a Structure: its exact argmax
+    and its event dims, the same numbers as the equivalent callable."""
+    from perturb.structured import KSubset, Permutations, topk
+
+    theta = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    kw = dict(sigma=0.5, n_samples=50)
+    a = perturb.perturbed(KSubset(2), theta, generator=torch.Generator().manual_seed(0), **kw)
+    b = perturb.perturbed(lambda u: topk(u, 2), theta, generator=torch.Generator().manual_seed(0),
+                          **kw)
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(a.sum(-1), torch.full((4,), 2.0, dtype=torch.float64))
+    y = topk(torch.randn(4, 6, dtype=torch.float64), 2)
+    loss = perturb.fenchel_young_loss(KSubset(2), theta, y, **kw)
+    (g,) = torch.autograd.grad(loss, theta)
+    assert torch.isfinite(g).all()
+    # a structure with two event dims: event_dim comes from the structure
+    w = torch.randn(3, 4, 4, dtype=torch.float64)
+    p = perturb.PerturbedOptimizer(Permutations(), sigma=0.5, n_samples=20)(w)
+    torch.testing.assert_close(p.sum(-1), torch.ones(3, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="Structure or a callable"):
+        perturb.perturbed("topk", theta)
