@@ -37,7 +37,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from perturb._validation import check_choice, check_int, check_real, check_score_shape
+from perturb._validation import check_choice, check_int, check_real, check_scores
 from perturb.noise import Gumbel
 from perturb.regularizers import Entropy, ExpFamilyEntropy
 from perturb.relax import perturb, regularized_argmax
@@ -109,8 +109,8 @@ def force_directed_layout(adjacency: torch.Tensor, pos: torch.Tensor, n_steps: i
     ``(*batch, T + 1, n, 2)`` (x_0 first); dtype and device of ``pos``.
     """
     check_int(n_steps, "n_steps", low=1)
-    check_score_shape(pos, "pos", min_ndim=2)
-    check_score_shape(adjacency, "adjacency", min_ndim=2)
+    check_scores(pos, "pos", min_ndim=2)
+    check_scores(adjacency, "adjacency", min_ndim=2, square=True)
     n = pos.shape[-2]
     if adjacency.shape[-2:] != (n, n):
         raise ValueError(f"adjacency must have shape (*batch, {n}, {n}) to match pos "
@@ -166,7 +166,7 @@ def gumbel_kl(theta: torch.Tensor, shift_invariant: bool = True) -> torch.Tensor
 
     Shape: ``(*batch, m)`` -> ``(*batch)``.
     """
-    check_score_shape(theta, "theta", min_ndim=1)
+    check_scores(theta, "theta", min_ndim=1)
     if not shift_invariant:
         return (theta - 1 + torch.exp(-theta)).sum(-1)
     m = theta.shape[-1]
@@ -180,7 +180,7 @@ def edge_precision_recall(estimate: torch.Tensor, truth: torch.Tensor
 
     Shape: ``(*batch, n, n)`` both -> two ``(*batch)`` tensors.
     """
-    check_score_shape(estimate, "estimate", min_ndim=2)
+    check_scores(estimate, "estimate", min_ndim=2, square=True)
     if estimate.shape != truth.shape:
         raise ValueError(f"truth must have the shape of estimate {tuple(estimate.shape)}, "
                          f"got {tuple(truth.shape)}")
@@ -212,7 +212,8 @@ class GraphLayoutVAE(nn.Module):
     ``"topk"`` ((n−1)-subsets of pairs, E.F. entropy), ``"independent"`` (binary Concrete per
     pair). ``hard=True``: straight-through (the exact argmax of the same utilities forward).
 
-    Decoder (E(2)-equivariant message passing): with δ_ij = x_i − x_j and invariant features
+    Decoder (equivariant message passing: translations exactly; rotations and reflections
+    except through the bounding-box extent of x_0, as the layout itself): with δ_ij = x_i − x_j and invariant features
     φ_ij = (d_ij, 1/d_ij, log d_ij) of the current positions, the force on i is
     F_i = Σ_j δ_ij [a(φ_ij) + X_ij b(φ_ij)] (a: all pairs, b: the latent graph's edges; scalar
     MLPs), and the mean of the next positions is x_i + s_i F_i / max(‖F_i‖, 0.01) with the step
@@ -251,7 +252,7 @@ class GraphLayoutVAE(nn.Module):
         self.step = _mlp(4, hidden, 1)
 
     def _check_traj(self, traj: torch.Tensor) -> None:
-        check_score_shape(traj, "traj", min_ndim=4)
+        check_scores(traj, "traj", min_ndim=4)
         want = (self.n_steps + 1, self.n_nodes, 2)
         if traj.ndim != 4 or tuple(traj.shape[1:]) != want:
             raise ValueError(f"traj must have shape (B, {want[0]}, {want[1]}, 2), "
