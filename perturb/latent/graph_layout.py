@@ -216,9 +216,12 @@ class GraphLayoutVAE(nn.Module):
     except through the bounding-box extent of x_0, as the layout itself): with δ_ij = x_i − x_j and invariant features
     φ_ij = (d_ij, 1/d_ij, log d_ij) of the current positions, the force on i is
     F_i = Σ_j δ_ij [a(φ_ij) + X_ij b(φ_ij)] (a: all pairs, b: the latent graph's edges; scalar
-    MLPs), and the mean of the next positions is x_i + s_i F_i / max(‖F_i‖, 0.01) with the step
-    length s_i = softplus(MLP(‖F_i‖, ‖x_i − x_i^{prev}‖, t/T, extent of x_0)) — the
-    layout's structure (each vertex moves along a net pairwise force), the force laws learnt.
+    MLPs), and the mean of the next positions is x_i + t_s F_i / max(‖F_i‖, 0.01) with the
+    layout's known cooling schedule t_s (:func:`force_directed_layout`): the structure of the
+    update (each vertex moves a known distance along a net pairwise force) is given, the force
+    laws a, b and the graph are learnt. (With a learnt step length the decoder falls into the
+    trap "step → 0" before it has learnt directions: the graph is then ignored and the
+    posterior collapses to the prior.)
 
     Args:
         n_nodes: n.
@@ -249,7 +252,6 @@ class GraphLayoutVAE(nn.Module):
         self.edge2 = _mlp(3 * hidden, hidden, 1)
         self.force_all = _mlp(3, hidden, 1)
         self.force_edge = _mlp(3, hidden, 1)
-        self.step = _mlp(4, hidden, 1)
 
     def _check_traj(self, traj: torch.Tensor) -> None:
         check_scores(traj, "traj", min_ndim=4)
@@ -326,7 +328,6 @@ class GraphLayoutVAE(nn.Module):
         """
         x = traj[:, :-1]
         B, T, n, _ = x.shape
-        prev = torch.cat([x[:, :1], x[:, :-1]], 1)
         delta = x.unsqueeze(-2) - x.unsqueeze(-3)                       # (B, T, n, n, 2)
         d = delta.norm(dim=-1).clamp_min(0.01)
         phi = torch.stack([d, 1 / d, d.log()], -1)
@@ -334,13 +335,12 @@ class GraphLayoutVAE(nn.Module):
         a = self.force_all(phi).squeeze(-1) * (1 - eye)
         b = self.force_edge(phi).squeeze(-1) * graph.unsqueeze(1)
         F = (delta * (a + b).unsqueeze(-1)).sum(-2)                      # (B, T, n, 2)
-        Fn = F.norm(dim=-1)
         extent = (traj[:, 0].amax(-2) - traj[:, 0].amin(-2)).amax(-1)   # (B,)
-        t = torch.arange(T, dtype=x.dtype, device=x.device) / self.n_steps
-        feats = torch.stack([Fn, (x - prev).norm(dim=-1), t.view(1, T, 1).expand(B, T, n),
-                             extent.view(B, 1, 1).expand(B, T, n)], -1)
-        s = nn.functional.softplus(self.step(feats))
-        return x + s * F / Fn.clamp_min(0.01).unsqueeze(-1)
+        # the layout's step lengths t_s = t_0 (1 − s/(T+1)), t_0 = 0.1·extent(x_0): known
+        t = 0.1 * extent[:, None] * (1 - torch.arange(T, dtype=x.dtype, device=x.device)
+                                     / (self.n_steps + 1))
+        step = t[..., None, None] / F.norm(dim=-1, keepdim=True).clamp_min(0.01)
+        return x + step * F
 
     def elbo(self, traj: torch.Tensor, generator: torch.Generator | None = None) -> GraphELBO:
         """One-sample relaxed ELBO per example (module docstring); x_0 is conditioned on.

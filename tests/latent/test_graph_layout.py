@@ -214,7 +214,7 @@ def test_elbo_parts_gradients_and_reproducibility(latent):
     torch.testing.assert_close(r.elbo, r.log_likelihood - r.kl)
     assert torch.all(r.kl >= 0)
     r.elbo.sum().backward()
-    for name in ("edge2", "force_edge", "force_all", "step", "node1"):
+    for name in ("edge2", "force_edge", "force_all", "node1"):
         grads = [p.grad for p in getattr(m, name).parameters()]
         assert all(g is not None for g in grads) and sum(g.abs().sum() for g in grads) > 0, name
     again = m.elbo(traj, generator=_gen(10))
