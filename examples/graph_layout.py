@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover
 from perturb.latent import GraphLayoutVAE, edge_precision_recall, make_graph_layout  # noqa: E402
 
 NAMES = {"tree": "Spanning tree", "independent": "Indep. undirected edges",
-         "topk": "E.F. top-(|V|−1)"}
+         "topk": "E.F. top-(n−1)"}
 PAPER = {  # Paulus et al. 2020, Table (T = 10; T = 20): ELBO, edge precision, edge recall
     10: {"tree": "−1080 ± 110 / 91 ± 3 / 91 ± 3", "independent": "−1370 ± 20 / 48 ± 2 / 93 ± 1",
          "topk": "−2100 ± 20 / 41 ± 1 / 41 ± 1"},

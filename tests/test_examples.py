@@ -25,6 +25,6 @@ def test_graph_layout_quick_runs(tmp_path):
                          env={**os.environ, "MPLBACKEND": "Agg"})
     assert out.returncode == 0, out.stderr
     table = (tmp_path / "graph_layout.md").read_text()
-    for name in ("Spanning tree", "Indep. undirected edges", "E.F. top-(|V|−1)"):
+    for name in ("Spanning tree", "Indep. undirected edges", "E.F. top-(n−1)"):
         assert f"| 10 | {name} |" in table
     assert (tmp_path / "graph_layout.png").stat().st_size > 0
