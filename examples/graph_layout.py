@@ -37,9 +37,11 @@ from perturb.latent import GraphLayoutVAE, edge_precision_recall, make_graph_lay
 NAMES = {"tree": "Spanning tree", "independent": "Indep. undirected edges",
          "topk": "E.F. top-(n−1)"}
 PAPER = {  # Paulus et al. 2020, Table (T = 10; T = 20): ELBO, edge precision, edge recall
-    10: {"tree": "−1080 ± 110 / 91 ± 3 / 91 ± 3", "independent": "−1370 ± 20 / 48 ± 2 / 93 ± 1",
+    10: {"tree": "−1080 ± 110 / 91 ± 3 / 91 ± 3",
+         "independent": "−1370 ± 20 / 48 ± 2 / 93 ± 1",
          "topk": "−2100 ± 20 / 41 ± 1 / 41 ± 1"},
-    20: {"tree": "−1280 ± 10 / 99 ± 1 / 99 ± 1", "independent": "−1340 ± 160 / 97 ± 3 / 99 ± 1",
+    20: {"tree": "−1280 ± 10 / 99 ± 1 / 99 ± 1",
+         "independent": "−1340 ± 160 / 97 ± 3 / 99 ± 1",
          "topk": "−1700 ± 320 / 98 ± 6 / 98 ± 6"},
 }
 
@@ -51,7 +53,8 @@ def evaluate(model: GraphLayoutVAE, data, batch: int, generator: torch.Generator
         for s in range(0, len(data.trajectories), batch):
             x = data.trajectories[s:s + batch]
             r = model.elbo(x, generator=generator)
-            p, q = edge_precision_recall(model.mode(model.edge_scores(x)), data.adjacency[s:s + batch])
+            p, q = edge_precision_recall(model.mode(model.edge_scores(x)),
+                                         data.adjacency[s:s + batch])
             elbo.append(r.elbo)
             prec.append(p)
             rec.append(q)
@@ -121,7 +124,8 @@ def main() -> None:
     parser.add_argument("--out", default="results", help="output directory")
     parser.add_argument("--quick", action="store_true", help="a < 60 s version")
     parser.add_argument("--full", action="store_true",
-                        help="GPU scale: 20k training examples, 50 epochs, hidden 128, T = 10 and 20")
+                        help="GPU scale: 20k training examples, 50 epochs, hidden 128, "
+                             "T = 10 and 20")
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.n_train, args.n_test, args.epochs, args.hidden = 1, 200, 100, 3, 16
@@ -151,7 +155,8 @@ def main() -> None:
              f"{args.n_test} test trajectories, {args.epochs} epochs, τ = {args.tau}"
              f"{', straight-through' if args.hard else ''}, σ = {args.obs_scale}, "
              f"seeds {seeds})", "",
-             "| T | latent graph | test ELBO | edge prec. (%) | edge rec. (%) | paper: ELBO / prec. / rec. |",
+             "| T | latent graph | test ELBO | edge prec. (%) | edge rec. (%) "
+             "| paper: ELBO / prec. / rec. |",
              "|---|---|---|---|---|---|"]
     for (T, latent), rs in results.items():
         lines.append(f"| {T} | {NAMES[latent]} | {fmt([r['elbo'] for r in rs])} | "

@@ -462,7 +462,9 @@ CATALOGUE: dict[str, list[Case]] = {
        Case("obs_scale 0", lambda: latent.GraphLayoutVAE(5, obs_scale=0.0), "obs_scale"),
        Case("hard not bool", lambda: latent.GraphLayoutVAE(5, hard=1), "hard"),
        Case("traj wrong shape", lambda: latent.GraphLayoutVAE(5, n_steps=2).elbo(
-           torch.zeros(3, 4, 5, 2)), "traj")],
+           torch.zeros(3, 4, 5, 2)), "traj"),
+       Case("theta wrong size", lambda: latent.GraphLayoutVAE(5).sample_graph(
+           torch.zeros(3, 9)), "theta")],
     "random_trees": _int_cases(lambda n: latent.random_trees(3, n), "n_nodes", 1)
     + [Case("n_trees < 0", lambda: latent.random_trees(-1), "n_trees")],
     "make_graph_layout": _int_cases(lambda t: latent.make_graph_layout(2, 4, t), "n_steps", 0)

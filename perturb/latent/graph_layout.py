@@ -213,8 +213,9 @@ class GraphLayoutVAE(nn.Module):
     pair). ``hard=True``: straight-through (the exact argmax of the same utilities forward).
 
     Decoder (equivariant message passing: translations exactly; rotations and reflections
-    except through the bounding-box extent of x_0, as the layout itself): with δ_ij = x_i − x_j and invariant features
-    φ_ij = (d_ij, 1/d_ij, log d_ij) of the current positions, the force on i is
+    except through the bounding-box extent of x_0, as the layout itself): with δ_ij = x_i − x_j
+    and invariant features φ_ij = (d_ij, 1/d_ij, log d_ij) of the current positions, the force
+    on i is
     F_i = Σ_j δ_ij [a(φ_ij) + X_ij b(φ_ij)] (a: all pairs, b: the latent graph's edges; scalar
     MLPs), and the mean of the next positions is x_i + t_s F_i / max(‖F_i‖, 0.01) with the
     layout's known cooling schedule t_s (:func:`force_directed_layout`): the structure of the
@@ -260,6 +261,13 @@ class GraphLayoutVAE(nn.Module):
             raise ValueError(f"traj must have shape (B, {want[0]}, {want[1]}, 2), "
                              f"got {tuple(traj.shape)}")
 
+    def _check_theta(self, theta: torch.Tensor) -> None:
+        check_scores(theta, "theta", min_ndim=1)
+        E = self.n_nodes * (self.n_nodes - 1) // 2
+        if theta.shape[-1] != E:
+            raise ValueError(f"theta must have shape (B, {E}) (one score per pair of the "
+                             f"{self.n_nodes} vertices), got {tuple(theta.shape)}")
+
     # encoder -----------------------------------------------------------------------------------
     def edge_scores(self, traj: torch.Tensor) -> torch.Tensor:
         """Scores θ of the undirected pairs. Shape: ``(B, T + 1, n, 2)`` -> ``(B, E)``."""
@@ -283,6 +291,7 @@ class GraphLayoutVAE(nn.Module):
 
         Shape: ``(B, E)`` -> symmetric ``(B, n, n)``.
         """
+        self._check_theta(theta)
         n = self.n_nodes
         if self.latent == "independent":
             # utilities (θ_e + G_e, G'_e): a two-way softmax = binary Concrete σ((θ + L)/τ)
@@ -305,8 +314,11 @@ class GraphLayoutVAE(nn.Module):
 
     def mode(self, theta: torch.Tensor) -> torch.Tensor:
         """The posterior mode (noise-free argmax): the maximum spanning tree of θ, the top
-        (n − 1) pairs, or the pairs with θ_e > 0 (P(edge) > 1/2). Shape: ``(B, E)`` -> ``(B, n, n)``.
+        (n − 1) pairs, or the pairs with θ_e > 0 (P(edge) > 1/2).
+
+        Shape: ``(B, E)`` -> ``(B, n, n)``.
         """
+        self._check_theta(theta)
         n = self.n_nodes
         if self.latent == "tree":
             return max_spanning_tree(_to_matrix(theta.detach(), n))
@@ -315,7 +327,11 @@ class GraphLayoutVAE(nn.Module):
         return _to_matrix((theta.detach() > 0).to(theta.dtype), n)
 
     def kl(self, theta: torch.Tensor) -> torch.Tensor:
-        """KL of the utilities against the Gumbel(0, 1) prior (module docstring). ``(B, E)`` -> ``(B,)``."""
+        """KL of the utilities against the Gumbel(0, 1) prior (module docstring).
+
+        Shape: ``(B, E)`` -> ``(B,)``.
+        """
+        self._check_theta(theta)
         if self.latent == "independent":
             return gumbel_kl(torch.stack([theta, torch.zeros_like(theta)], -1)).sum(-1)
         return gumbel_kl(theta)
