@@ -481,6 +481,34 @@ CATALOGUE: dict[str, list[Case]] = {
     "mean_corr_coef": [
         Case("unknown method", lambda: latent.mean_corr_coef(V, V, method="kendall"),
              "method")],
+    "GraphLayoutVAE": _int_cases(lambda n: latent.GraphLayoutVAE(n), "n_nodes", 2)
+    + _int_cases(lambda t: latent.GraphLayoutVAE(5, n_steps=t), "n_steps", 0)
+    + _tau_cases(lambda t: latent.GraphLayoutVAE(5, tau=t))
+    + [Case("unknown latent", lambda: latent.GraphLayoutVAE(5, latent="dag"), "latent"),
+       Case("obs_scale 0", lambda: latent.GraphLayoutVAE(5, obs_scale=0.0), "obs_scale"),
+       Case("hard not bool", lambda: latent.GraphLayoutVAE(5, hard=1), "hard"),
+       Case("traj wrong shape", lambda: latent.GraphLayoutVAE(5, n_steps=2).elbo(
+           torch.zeros(3, 4, 5, 2)), "traj"),
+       Case("theta wrong size", lambda: latent.GraphLayoutVAE(5).sample_graph(
+           torch.zeros(3, 9)), "theta")],
+    "random_trees": _int_cases(lambda n: latent.random_trees(3, n), "n_nodes", 1)
+    + [Case("n_trees < 0", lambda: latent.random_trees(-1), "n_trees")],
+    "make_graph_layout": _int_cases(lambda t: latent.make_graph_layout(2, 4, t), "n_steps", 0)
+    + _int_cases(lambda n: latent.make_graph_layout(2, n), "n_nodes", 1),
+    "force_directed_layout": _score_cases(
+        lambda p: latent.force_directed_layout(torch.zeros(3, 5, 5), p, 2), "pos")[:4]
+    + _int_cases(lambda t: latent.force_directed_layout(torch.zeros(3, 5, 5),
+                                                        torch.zeros(3, 5, 2), t), "n_steps", 0)
+    + [Case("adjacency of the wrong size", lambda: latent.force_directed_layout(
+           torch.zeros(3, 4, 4), torch.zeros(3, 5, 2), 2), "adjacency"),
+       Case("adjacency NaN", lambda: latent.force_directed_layout(
+           NAN_S, torch.zeros(2, 4, 2), 2), "adjacency"),
+       Case("k <= 0", lambda: latent.force_directed_layout(
+           torch.zeros(3, 5, 5), torch.zeros(3, 5, 2), 2, k=0.0), "k")],
+    "gumbel_kl": _score_cases(latent.gumbel_kl, "theta"),
+    "edge_precision_recall": _score_cases(lambda e: latent.edge_precision_recall(e, S),
+                                          "estimate", matrix=True)
+    + [Case("truth of another shape", lambda: latent.edge_precision_recall(S, S[0]), "truth")],
 }
 
 #: public callables with no argument to validate, with the reason
@@ -498,6 +526,8 @@ NOTHING_TO_VALIDATE = {
     "MinimalityWitness": "result container",
     "IdentifyResult": "result container",
     "NonlinearICAData": "result container",
+    "GraphLayoutData": "result container",
+    "GraphELBO": "result container",
     "TemperatureSchedule": "abstract base class",
     "GibbsDistribution": "abstract base class (its families are catalogued)",
 }

@@ -98,6 +98,24 @@ def _vae_case(method):
     return run
 
 
+def _graph_vae_case(method):
+    def run(s):
+        torch.manual_seed(0)
+        outs = []
+        for latent in ("tree", "independent", "topk"):
+            vae = perturb.latent.GraphLayoutVAE(5, latent, hidden=8, n_steps=2).double()
+            x = perturb.latent.make_graph_layout(3, 5, 2, generator=_gen(3),
+                                                 dtype=torch.float64).trajectories
+            if method == "elbo":
+                y = vae.elbo(x, generator=_gen(s)).elbo
+            else:
+                y = vae.sample_graph(vae.edge_scores(x), generator=_gen(s))
+            grads = torch.autograd.grad(y.sum(), list(vae.parameters()), allow_unused=True)
+            outs += [y.detach(), *[g for g in grads if g is not None]]
+        return tuple(outs)
+    return run
+
+
 def _layer_case(make):
     def run(s):
         layer = make(_gen(s))
@@ -237,6 +255,11 @@ CASES = {
         if isinstance(v, torch.Tensor)),
     "perturbed_binary": lambda s: _grad_of(
         lambda w: perturb.latent.perturbed_binary(w, 0.5, generator=_gen(s)), W),
+    "random_trees": lambda s: (perturb.latent.random_trees(4, 6, generator=_gen(s)),),
+    "make_graph_layout": lambda s: tuple(
+        perturb.latent.make_graph_layout(3, 5, 2, generator=_gen(s))),
+    "GraphLayoutVAE.sample_graph": _graph_vae_case("sample_graph"),
+    "GraphLayoutVAE.elbo": _graph_vae_case("elbo"),
 }
 
 RANDOM = _random_callables()

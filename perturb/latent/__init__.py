@@ -6,6 +6,16 @@ from perturb.latent.data import (
     make_nonlinear_ica,
     perturbed_binary,
 )
+from perturb.latent.graph_layout import (
+    GraphELBO,
+    GraphLayoutData,
+    GraphLayoutVAE,
+    edge_precision_recall,
+    force_directed_layout,
+    gumbel_kl,
+    make_graph_layout,
+    random_trees,
+)
 from perturb.latent.ivae import IVAE
 from perturb.latent.metrics import correlation_matrix, mean_corr_coef
 from perturb.latent.selector import SubsetSelector
@@ -13,4 +23,6 @@ from perturb.latent.selector import SubsetSelector
 __all__ = [
     "CategoricalVAE", "IVAE", "SubsetSelector", "NonlinearICAData", "make_nonlinear_ica",
     "perturbed_binary", "binarized_digits", "correlation_matrix", "mean_corr_coef",
+    "GraphLayoutVAE", "GraphELBO", "GraphLayoutData", "make_graph_layout", "random_trees",
+    "force_directed_layout", "gumbel_kl", "edge_precision_recall",
 ]
