@@ -25,21 +25,23 @@ float32) from a closed-form start and one safeguarded Newton step on
 log Σ_top σ(ν − y) = log Σ_rest σ(y − ν) (expected misses in the top k = expected hits outside).
 
 **Tree** (log depth). For a block b of positions let I_b[j] = P_ν(N_b = j), j ≤ min(k, |b|). A
-leaf is [1 − p_i, p_i]; two adjacent blocks merge by a truncated convolution,
-I_{b∪b'}[c] = Σ_j I_b[j] I_{b'}[c − j], c ≤ k. Blocks are merged pairwise, ⌈log₂ n⌉ levels (an odd
-block count gets the identity [1, 0, …] appended), each level one batched op over all pairs. A
-node's vector has length min(k, block size) + 1, so the work is O(nk) and the temporaries
-O(B·n·k) at most, never O(B·n·k²). log Z = log I_root[k] + Σ_i softplus(y_i − ν) + kν.
+leaf is [1 − p_i, p_i]; two blocks merge by a truncated convolution,
+I_{b∪b'}[c] = Σ_j I_b[j] I_{b'}[c − j], c ≤ k. Blocks of four positions are formed in closed form
+from their 16 subset probabilities P_S, then merged pairwise, ⌈log₂(n/4)⌉ levels, each level one
+batched op over all pairs (layout and kernels: :mod:`perturb.structured._subset_tree`). A node's
+vector has length min(k, block size) + 1, so the work is O(nk) and the temporaries O(B·n·k) at
+most, never O(B·n·k²). log Z = log I_root[k] + Σ_i softplus(y_i − ν) + kν.
 
 **Outside pass** (marginals). O_b[j] = P_ν(N_{not b} = k − j), so P_ν(N = k) = Σ_j I_b[j] O_b[j]
 for every node b. Top-down: O_root = 1[j = k] and a child takes the correlation of its parent's
-O with its sibling's I: O_b[j] = Σ_i I_{b'}[i] O_parent[j + i]. At a leaf,
-μ_i = p_i O_i[1] / (p_i O_i[1] + (1 − p_i) O_i[0]) ∈ [0, 1].
+O with its sibling's I: O_b[j] = Σ_i I_{b'}[i] O_parent[j + i]. At a leaf block
+the subset weights w_S = P_S O[|S|] give μ_l = Σ_{S∋l} w_S / Σ_S w_S ∈ [0, 1].
 
 **Backward.** The Jacobian of μ is ∇²A = Cov_q(z), symmetric, so the vector–Jacobian product
 with ḡ is the directional derivative of μ along ḡ: both passes are bilinear in the leaves, so
-their tangents (leaf tangent [−ṗ, ṗ], ṗ = p(1 − p)ḡ, ν held fixed: the identity above holds for
-every ν) follow by the product rule, level by level, with the same kernels. The tables of the
+their tangents (ν held fixed: the identity above holds for every ν; leaf tangent [0, p_i ḡ_i],
+equivalent to [−ṗ, ṗ] because μ ignores a rescaled leaf) follow by the product rule, level by
+level, with the same kernels. The tables of the
 forward are saved (O(B·n·log k)); nothing of size (k+1)² is kept. ``backward="unroll"`` instead
 runs autograd through the same tree (differentiable to every order).
 
@@ -47,9 +49,9 @@ runs autograd through the same tree (differentiable to every order).
 child with probability I_left[j] I_right[c − j] / I_node[c]; the product over the nodes telescopes
 to q(z), so the samples are exact, and it takes ⌈log₂ n⌉ steps for all samples at once.
 
-Kernels: on CPU in float32 the batched convolutions are one depthwise ``conv1d`` per level
-(oneDNN); elsewhere (float64, CUDA) a gather of the (m_out, m) band and a ``linalg.vecdot``.
-Half-precision inputs are computed in float32.
+Kernels (one depthwise correlation per merge, split and tangent level: ``conv1d`` on CPU in
+float32, windows by ``matmul`` on CPU otherwise, by ``vecdot`` elsewhere) and the leaf stage live
+in :mod:`perturb.structured._subset_tree`. Half-precision inputs are computed in float32.
 
 References: Paulus et al. (2020), "Gradient estimation with stochastic softmax tricks",
 arXiv:2006.08063, §4 and App.; Chen, Dempster & Liu (1994), "Weighted finite population sampling

@@ -222,7 +222,7 @@ def _outside(ins: list[torch.Tensor], k: int) -> list[torch.Tensor]:
 def _leaf_marginals(P: torch.Tensor, o: torch.Tensor, k: int, B: int) -> torch.Tensor:
     """μ ``(B, N)`` from the subset probabilities ``(16, B·Q)`` and the leaf blocks' O
     ``(B·Q, m_0)``: w_S = P_S O[|S|], μ_l = take / (take + miss)."""
-    w = P * (_const("count", k, P.device, P.dtype) @ o.T)
+    w = (_const("count", k, P.device, P.dtype) @ o.T).mul_(P)     # in place: no autograd here
     take, miss = (_const("split", k, P.device, P.dtype) @ w).view(2, _LEAF, B, -1).unbind(0)
     return (take / (take + miss)).transpose(0, 1).reshape(B, -1)
 
@@ -233,7 +233,8 @@ def _marginals_jvp(P: torch.Tensor, ins: list[torch.Tensor], outs: list[torch.Te
     I_{L−1}] (the root is not needed), ``outs`` = [O_0, …, O_L] of the forward."""
     B = g.shape[0]
     dev, dt = P.device, P.dtype
-    dP = P * (_const("member", k, dev, dt) @ _slabs(g))                     # Ṗ_S = P_S ⟨1_S, g⟩
+    # in place throughout (a backward: nothing is recorded), to spare large fresh allocations
+    dP = (_const("member", k, dev, dt) @ _slabs(g)).mul_(P)                 # Ṗ_S = P_S ⟨1_S, g⟩
     dx = (_const("count", k, dev, dt).T @ dP).T.contiguous()
     duals = []
     for x in ins:
@@ -248,8 +249,8 @@ def _marginals_jvp(P: torch.Tensor, ins: list[torch.Tensor], outs: list[torch.Te
         do = torch.zeros_like(outs[0])
     count = _const("count", k, dev, dt)
     qo = count @ outs[0].T                                                  # O[|S|]
-    w = P * qo
-    dw = dP * qo + P * (count @ do.T)
+    dw = (count @ do.T).mul_(P).addcmul_(dP, qo)                            # Ṗ O + P Ȯ
+    w = qo.mul_(P)
     split = _const("split", k, dev, dt)
     tm = torch.cat([split @ w, split @ dw]).view(4, _LEAF, B, -1)
     take, miss, dtake, dmiss = tm.unbind(0)
