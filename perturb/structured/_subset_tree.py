@@ -18,17 +18,19 @@ I_block = P @ C with C[S, j] = 1[|S| = j] (j ≤ min(k, 4)). At the leaves the o
 the block gives the subset weights w_S = P_S O[|S|] = P(S is the block's part of a k-subset,
 times P_ν(N = k)), and μ_l = Σ_{S∋l} w_S / (Σ_{S∋l} w_S + Σ_{S∌l} w_S) ∈ [0, 1].
 
-**Kernels.** Every merge and split of a level is one depthwise correlation
+**Kernels.** Every merge and split of a level is a depthwise correlation
 out[r, t] = Σ_i w[r, i] x[r, t + i] over all rows r at once (:func:`_dwcorr`): on CPU in float32
-``F.conv1d(groups=R)`` (oneDNN's depthwise path; a grouped conv with two channels per group falls
-off it and is 20–50× slower, so tangents use twice the rows and a sum instead); on CPU otherwise
-windows (``unfold``, a view) times the weights by ``matmul``; on other devices (CUDA) the same
-windows by ``linalg.vecdot`` (plain multiply-adds: TF32 settings never apply).
+``F.conv1d(groups=R)`` (oneDNN's depthwise path); on CPU otherwise windows (``unfold``, a view)
+times the weights by ``matmul``; on other devices (CUDA) the same windows by ``linalg.vecdot``
+(plain multiply-adds: TF32 settings never apply).
 
 - merge   I_{b∪b'} = I_b ∗ I_{b'} (truncated): x = I_b padded by m − 1 zeros, w = I_{b'} reversed;
-- split   O_child[j] = Σ_i I_sibling[i] O_parent[j + i]: x = O_parent (each row twice), w = the
-  siblings, in swapped order;
-- their tangents (product rule) with the value and the tangent as two rows per output, summed.
+- split   O_child[j] = Σ_i I_sibling[i] O_parent[j + i]: x = O_parent, w = each sibling;
+- their tangents (product rule): two such correlations and an add.
+
+Measured on CPU (oneDNN): one correlation per term over G rows is faster than one call over
+stacked rows (2G rows with the parent duplicated, or 2 channels per group): the latter were
+1.3–50× slower, so no call duplicates its input.
 
 Backward leaves: μ is unchanged when a leaf [1 − p_i, p_i] is scaled, so along ḡ the leaf
 [1 − p_i, p_i e^{ε ḡ_i}] (a rescaled [1 − p_i(ε), p_i(ε)], p_i(ε) = σ(y_i + εḡ_i − ν)) gives the
@@ -101,9 +103,7 @@ def _const(kind: str, k: int, device: torch.device, dtype: torch.dtype) -> torch
     """Cached 0/1 matrices over the 16 subsets S of a leaf block (S = Σ_l bit_l 2^(3−l)):
     "count" ``(16, min(k, 4)+1)`` C[S, j] = 1[|S| = j]; "member" ``(16, 4)`` 1[l ∈ S];
     "split" ``(8, 16)``, rows l: 1[l ∈ S], rows 4 + l: 1[l ∉ S]; "root" ``(1, k+1)`` 1[j = k];
-    "size" ``(16,)`` |S| (long); "swap" ``(k,)`` (long) k − 1, …, 0."""
-    if kind == "swap":
-        return torch.arange(k - 1, -1, -1, device=device)
+    "size" ``(16,)`` |S| (long)."""
     s = torch.arange(16)
     member = (s[:, None] >> (_LEAF - 1 - torch.arange(_LEAF))) & 1              # (16, 4)
     size = member.sum(1)
@@ -148,29 +148,25 @@ def _split(o: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
     """Children's O from the parents' ``o`` ``(G, m_par)`` and the pairs' I ``(G, 2, m)``:
     O_child[j] = Σ_i I_sibling[i] o[j + i], j < m; ``(2G, m)`` (the children's level)."""
     G, _, m = pairs.shape
-    x = F.pad(o, (0, 2 * m - 1 - o.shape[-1])).repeat_interleave(2, 0)
-    swap = _const("swap", 2, o.device, torch.long)           # index_select: flip(1) is 4x slower
-    return _dwcorr(x, pairs.index_select(1, swap).view(2 * G, 1, m))
+    x = F.pad(o, (0, 2 * m - 1 - o.shape[-1]))
+    left, right = pairs.unsqueeze(2).unbind(1)                              # (G, 1, m) each
+    return torch.stack([_dwcorr(x, right), _dwcorr(x, left)], 1).view(2 * G, m)
 
 
 def _merge_tangent(dual: torch.Tensor, m_out: int) -> torch.Tensor:
-    """İ_left ∗ I_right + I_left ∗ İ_right; ``dual`` ``(G, 2 pair, 2 (I, İ), m) -> (G, m_out)``."""
-    G, _, _, m = dual.shape
-    left, right = dual.unbind(1)                                 # [I_l, İ_l], [I_r, İ_r]
-    x = F.pad(left, (m - 1, m_out - m)).view(2 * G, -1)
-    w = right.reshape(G, 2 * m).flip(-1).view(2 * G, 1, m)      # [İ_r, I_r] reversed
-    return torch.add(*_dwcorr(x, w).view(G, 2, m_out).unbind(1))   # (sum(1) is 7x slower)
+    """İ_left ∗ I_right + I_left ∗ İ_right; ``dual`` ``(G, 2 pair, 2 (I, İ), m) -> (G, m_out)``.
+    Backward only (adds in place)."""
+    m = dual.shape[-1]
+    (i_l, di_l), (i_r, di_r) = (half.unbind(1) for half in dual.unbind(1))
+    pad = (m - 1, m_out - m)
+    return _dwcorr(F.pad(di_l, pad), i_r.flip(-1).unsqueeze(1)).add_(
+        _dwcorr(F.pad(i_l, pad), di_r.flip(-1).unsqueeze(1)))
 
 
 def _split_tangent(o: torch.Tensor, do: torch.Tensor, dual: torch.Tensor) -> torch.Tensor:
-    """Ȯ_child = corr(o, İ_sibling) + corr(ȯ, I_sibling); ``o``, ``do`` ``(G, m_par)``, ``dual``
-    as in :func:`_merge_tangent`; ``(2G, m)``."""
-    G, _, _, m = dual.shape
-    x = F.pad(torch.stack([o, do], 1), (0, 2 * m - 1 - o.shape[-1]))       # (G, 2, W)
-    x = x.repeat(1, 2, 1).view(4 * G, -1)                                   # (child, [o, ȯ])
-    w = dual.view(G, 4, m).index_select(1, _const("swap", 4, o.device, torch.long))
-    out = _dwcorr(x, w.view(4 * G, 1, m)).view(G, 2, 2, m)               # (child, [İ, I] sib)
-    return torch.add(*out.unbind(2)).view(2 * G, m)
+    """Ȯ_child = corr(ȯ, I_sibling) + corr(o, İ_sibling); ``o``, ``do`` ``(G, m_par)``, ``dual``
+    as in :func:`_merge_tangent`; ``(2G, m)``. Backward only (adds in place)."""
+    return _split(do, dual[:, :, 0]).add_(_split(o, dual[:, :, 1]))
 
 
 # --------------------------------------------------------------------------------------------
