@@ -127,7 +127,8 @@ def _kernel(t: torch.Tensor) -> str:
 
 
 def _dwcorr(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """out[r, t] = Σ_i w[r, 0, i] x[r, t + i]; ``x`` ``(R, W)``, ``w`` ``(R, 1, m)`` -> ``(R, W−m+1)``."""
+    """out[r, t] = Σ_i w[r, 0, i] x[r, t + i]; ``x`` ``(R, W)``, ``w`` ``(R, 1, m)``;
+    output ``(R, W − m + 1)``."""
     kind = _kernel(x)
     if kind == "conv1d":
         return F.conv1d(x, w, groups=x.shape[0])
