@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from perturb import set_validation
 from perturb.structured import KSubset, topk
 from perturb.structured import _subset_dp as dp
+from perturb.structured import _subset_tree as tree
 from perturb.structured._subset_dp import ksubset_log_partition, ksubset_marginals, sample_ksubset
 
 
@@ -124,17 +125,25 @@ def test_vjp_helper_is_covariance(seed):
         torch.testing.assert_close(out[b], _brute(y[b], k)[2] @ g[b], rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["conv1d", "gemm", "band"])
+@pytest.mark.parametrize("kind", ["conv1d", "bmm", "vecdot"])
 def test_kernels_agree(kind, monkeypatch, seed):
-    """Each kernel (forced) gives the same tree results as enumeration (float32 conv1d too)."""
-    monkeypatch.setattr(dp, "_kernel", lambda t, m: "pair" if m == 2 else kind)
+    """Each kernel (forced) gives the enumeration's marginals and Cov·g (float32 conv1d too),
+    over several tree levels (n = 8 and 13: one and two levels above the leaf blocks)."""
+    monkeypatch.setattr(tree, "_kernel", lambda t: kind)
     dtype = torch.float32 if kind == "conv1d" else torch.float64
-    w = 2 * torch.randn(3, 8, dtype=torch.float64)
-    for k in (1, 4, 7):
-        mu = ksubset_marginals(w.to(dtype), k)
-        for b in range(3):
-            torch.testing.assert_close(mu[b].double(), _brute(w[b], k)[1], rtol=0,
-                                       atol=1e-6 if kind == "conv1d" else 1e-12)
+    for n in (8, 13):
+        w = 2 * torch.randn(3, n, dtype=torch.float64)
+        g = torch.randn(3, n, dtype=torch.float64)
+        for k in (1, 4, 7):
+            x = w.to(dtype).requires_grad_(True)
+            mu = ksubset_marginals(x, k)
+            (vjp,) = torch.autograd.grad((mu * g.to(dtype)).sum(), x)
+            for b in range(3):
+                _, ref_mu, cov, *_ = _brute(w[b], k)
+                tol = 1e-6 if kind == "conv1d" else 1e-12
+                torch.testing.assert_close(mu[b].double(), ref_mu, rtol=0, atol=tol)
+                torch.testing.assert_close(vjp[b].double(), cov @ g[b], rtol=0,
+                                           atol=1e-5 if kind == "conv1d" else 1e-12)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -167,8 +176,8 @@ def test_tilt_keeps_count_k_probable(n):
     for y in _hard_rows(n):
         for k in sorted({1, 3, n // 10, n // 2, n - 1}):
             ys, _, nu = dp._prepare(y[None].double(), k)
-            root = dp._inside(dp._leaves(torch.sigmoid(ys - nu).t()), k)[-1]
-            assert float(root[0, 0, k]) > math.exp(-10), (n, k, y[:5])
+            root = tree._inside(tree._probs(ys - nu), k)[-1]
+            assert float(root[0, k]) > math.exp(-10), (n, k, y[:5])
 
 
 @pytest.mark.parametrize("n,k", [(5, 2), (6, 3), (7, 1)])
