@@ -177,9 +177,11 @@ def test_finite_difference_bad_eps():
 # --------------------------------------------------------------------------------------------
 
 def _direct_solvers():
-    from perturb.structured import arborescence_marginals, sinkhorn, spanning_tree_marginals
+    from perturb.structured import (arborescence_marginals, ksubset_marginals, sinkhorn,
+                                    spanning_tree_marginals)
 
     return {
+        "ksubset_marginals": (lambda w, b: ksubset_marginals(w, 2, backward=b), (6,)),
         "sinkhorn": (lambda w, b: sinkhorn(w, tau=0.5, tol=1e-12, backward=b), (4, 4)),
         "spanning_tree_marginals": (lambda w, b: spanning_tree_marginals(w, backward=b), (5, 5)),
         "arborescence_marginals": (lambda w, b: arborescence_marginals(w, 1, backward=b), (5, 5)),

@@ -65,6 +65,7 @@ import torch
 import torch.nn.functional as F
 
 from perturb import _validation
+from perturb.backward import resolve_backward, solve_with_backward
 from perturb._validation import check_int, check_scores, check_tau, scale_by_tau
 from perturb.structured import _subset_tree as _tree
 
@@ -277,20 +278,28 @@ def ksubset_log_partition(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1
     return out.reshape(w.shape[:-1]).to(y.dtype)
 
 
-def ksubset_marginals(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0) -> torch.Tensor:
+#: The native gradient modes of the marginals (the registry's and :func:`ksubset_marginals`').
+MARGINAL_BACKWARDS = ("analytic", "unroll")
+
+
+def ksubset_marginals(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0,
+                      backward: str = "auto") -> torch.Tensor:
     r"""Marginals μ_i = P_q(i ∈ S) of q(S) ∝ exp(Σ_{i∈S} w_i/τ) over k-subsets: μ = ∇A(w/τ).
 
     This is the regularized argmax over conv Z with the exponential-family entropy A*
     (``relaxed_topk(w, k, tau, regularizer=ExpFamilyEntropy())``). Inside–outside passes over a
     pairwise tree in log depth (module docstring); μ_i = p_i O_i[1] / (p_i O_i[1] + (1 − p_i)
     O_i[0]), so every entry lies in [0, 1], and Σμ = k. The backward applies Cov_q(z) by the
-    tangents of both passes (once differentiable; ``relaxed_topk(..., backward="unroll")``
-    differentiates the tree by autograd, to every order).
+    tangents of both passes (once differentiable; ``backward="unroll"`` differentiates the
+    tree by autograd, to every order).
 
     Args:
         w: scores; ``-inf`` masks a position (its marginal is 0).
         k: subset size, 1 ≤ k ≤ n.
         tau: temperature τ > 0 (a float, or a tensor broadcastable to ``(*batch)``).
+        backward: ``"auto"`` = ``"analytic"`` (the tangent passes), ``"unroll"`` or
+            ``"finite_difference"`` (w.r.t. ``w`` only), as for
+            :func:`perturb.regularized_argmax`.
 
     Shape: ``w``: ``(*batch, n)``; output ``(*batch, n)``, dtype and device of ``w``.
 
@@ -308,8 +317,12 @@ def ksubset_marginals(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0) 
 
     References: Paulus et al. (2020), arXiv:2006.08063.
     """
+    mode = resolve_backward(backward, MARGINAL_BACKWARDS, "ksubset_marginals")
+    if mode == "finite_difference":
+        return solve_with_backward(lambda v, m: ksubset_marginals(v, k, tau, m), w, mode,
+                                   MARGINAL_BACKWARDS, event_dim=1, held={"tau": tau})
     y, k = _scaled_scores(w, k, tau)
-    return _marginals_scaled(y, k)
+    return _marginals_unrolled(y, k) if mode == "unroll" else _marginals_scaled(y, k)
 
 
 def sample_ksubset(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0,

@@ -46,6 +46,7 @@ from perturb.regularizers import (
 )
 from perturb.relax import regularized_argmax
 from perturb.structured._subset_dp import (
+    MARGINAL_BACKWARDS,
     _check_k,
     _marginals_scaled,
     _marginals_unrolled,
@@ -334,7 +335,7 @@ def _solve_binary_entropy(w, structure, regularizer, tau, backward):
     return _solve_capped(w, structure.k, tau, "sigmoid", backward)
 
 
-@register_solver(KSubset, ExpFamilyEntropy, backward=("analytic", "unroll"),
+@register_solver(KSubset, ExpFamilyEntropy, backward=MARGINAL_BACKWARDS,
                  description="k-subset marginals (log-space DP over elementary symmetric "
                              "polynomials)")
 def _solve_exp_family(w, structure, regularizer, tau, backward):
