@@ -82,7 +82,8 @@ def evaluate(model, data, device, batch_size: int = 250):
 
 def train_one(graph: str, train, test, args, seed: int, device, bar):
     torch.manual_seed(seed)
-    model = LatentListOpsModel(graph, dim=args.dim, n_rounds=args.rounds, tau=args.tau).to(device)
+    model = LatentListOpsModel(graph, dim=args.dim, n_rounds=args.rounds, tau=args.tau,
+                               hard=args.hard, heads_precede=args.heads_precede).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(seed)
     noise_gen = torch.Generator(device=device).manual_seed(seed + 1)
@@ -126,6 +127,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--tau", type=float, default=1.0)
+    parser.add_argument("--hard", action="store_true",
+                        help="straight-through: exact max arborescence / thresholded arcs forward")
+    parser.add_argument("--heads-precede", action="store_true",
+                        help="allow only arcs i -> j with i < j (an order prior)")
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=None,
                         help="GNN rounds (default: max depth + 1)")
@@ -168,7 +173,8 @@ def main() -> None:
     lines = [f"# Latent arborescences on simplified ListOps ({len(seeds)} seeds)", "",
              f"≤ {args.max_length} tokens, depth ≤ {args.max_depth}, ≤ {args.max_args} "
              f"arguments; {args.n_train} training / {args.n_test} test expressions, "
-             f"{args.epochs} epochs, batch {args.batch_size}, tau {args.tau}, dim {args.dim}, "
+             f"{args.epochs} epochs, batch {args.batch_size}, tau {args.tau}"
+             f"{' (straight-through)' if args.hard else ''}, dim {args.dim}, "
              f"{args.rounds} GNN rounds. Mean ± std over seeds (%); precision/recall of the "
              "mode graph's arcs against the gold parse. Seed: Paulus et al. 2020 (full scale).",
              "", "| latent graph | test acc. | edge precision | edge recall | time/run (s) "

@@ -234,13 +234,16 @@ class LatentListOpsModel(nn.Module):
             every leaf to the root).
         tau: temperature τ of the relaxation.
         hard: straight-through (exact maximum arborescence / thresholded arcs forward).
+        heads_precede: allow only arcs i → j with i < j (in prefix notation every head precedes
+            its dependents: an order prior that keeps the gold parse feasible and shrinks the
+            space of graphs); default False, all arcs allowed.
 
     Shape: ``tokens`` ``(B, n)`` long, ``lengths`` ``(B,)`` -> logits ``(B, 10)`` and the graph
     ``(B, n, n)`` the GNN used (zero on padding).
     """
 
     def __init__(self, graph: str = "arborescence", dim: int = 64, n_rounds: int = 4,
-                 tau: float = 1.0, hard: bool = False):
+                 tau: float = 1.0, hard: bool = False, heads_precede: bool = False):
         super().__init__()
         check_choice(graph, _GRAPHS, "graph")
         dim = check_int(dim, "dim", low=2)
@@ -248,6 +251,7 @@ class LatentListOpsModel(nn.Module):
             raise ValueError(f"dim must be even (a BiLSTM of dim/2 per direction), got {dim}")
         check_tau(tau)
         self.graph, self.tau, self.hard = graph, float(tau), bool(hard)
+        self.heads_precede = bool(heads_precede)
         self.n_rounds = check_int(n_rounds, "n_rounds", low=1)
         self.embed = nn.Embedding(len(LISTOPS_VOCAB), dim)
         self.encoder = nn.LSTM(dim, dim // 2, batch_first=True, bidirectional=True)
@@ -262,8 +266,9 @@ class LatentListOpsModel(nn.Module):
         """Biaffine scores ``s[b, i, j]`` for head i → dependent j, masked for the solvers.
 
         Among real tokens every arc but self-loops and arcs into the root (position 0) is
-        allowed; a padding position's only allowed arc is root → it, with score 0 (so both the
-        marginals and the maximum arborescence put it there); forbidden arcs are ``-inf``.
+        allowed (only i < j with ``heads_precede``); a padding position's only allowed arc is
+        root → it, with score 0 (so both the marginals and the maximum arborescence put it
+        there); forbidden arcs are ``-inf``.
         Shape ``(B, n, n)``.
         """
         H, _ = self.encoder(self.embed(tokens))
@@ -273,6 +278,8 @@ class LatentListOpsModel(nn.Module):
         allowed = real.unsqueeze(-1) & real.unsqueeze(-2) & ~torch.eye(
             n, dtype=torch.bool, device=tokens.device)
         allowed[..., 0] = False
+        if self.heads_precede:
+            allowed = allowed & torch.ones(n, n, dtype=torch.bool, device=tokens.device).triu(1)
         pad_arc = torch.zeros_like(allowed)
         pad_arc[..., 0, :] = ~real
         s = s.masked_fill(~allowed, -torch.inf)

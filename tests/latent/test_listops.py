@@ -136,6 +136,19 @@ def test_arc_scores_mask_padding_loops_and_the_root():
         assert (s[k, L:, :] == -torch.inf).all() or L == n
 
 
+def test_heads_precede_forbids_backward_arcs_and_keeps_the_gold_parse_feasible():
+    torch.manual_seed(0)
+    model = LatentListOpsModel("arborescence", dim=8, heads_precede=True)
+    b = _batch()
+    s = model.arc_scores(b.tokens, b.lengths)
+    lower = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+    assert (s[:, lower] == -torch.inf).all()
+    gold = gold_arborescence(b.heads).bool()
+    assert torch.isfinite(s[gold]).all()                # every gold arc i → j has i < j
+    mode = model.mode_graph(b.tokens, b.lengths)
+    assert (mode[:, lower] == 0).all() and torch.equal(mode.sum((-1, -2)), (b.lengths - 1).float())
+
+
 def test_padding_does_not_change_the_marginals_or_the_mode():
     torch.manual_seed(1)
     b = _batch(5, seed=7)
