@@ -152,6 +152,7 @@ def main() -> None:
 
     results = {m: [] for m in models}
     curves = {m: [] for m in models}
+    last = {}
     t0 = time.time()
     seeds = range(args.seed, args.seed + args.seeds)
     bar = tqdm(total=len(seeds) * len(models) * args.epochs, desc="listops")
@@ -168,7 +169,7 @@ def main() -> None:
             model, curve, res = train_one(m, train, test, args, seed, device, bar)
             results[m].append((*res, time.time() - t1))
             curves[m].append(curve)
-            last = (model, test)
+            last[m] = model
     bar.close()
     wall = time.time() - t0
 
@@ -193,7 +194,7 @@ def main() -> None:
     (out / "listops.md").write_text(table)
     print(table)
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(1, 2 + len(models), figsize=(5 * (2 + len(models)), 4.2))
     for m, cs in curves.items():
         for k, c in enumerate(cs):
             axes[0].plot(range(1, len(c) + 1), c, color=f"C{models.index(m)}", alpha=0.8,
@@ -201,16 +202,17 @@ def main() -> None:
     axes[0].set_xlabel("epoch")
     axes[0].set_ylabel("test accuracy (mode graph)")
     axes[0].legend()
-    model, test = last
-    model.eval()
     j = int(torch.argmax(test.lengths))                     # the longest test expression
     n = int(test.lengths[j])
     tok, lens, heads = test.tokens[j:j + 1, :n], test.lengths[j:j + 1], test.heads[j:j + 1, :n]
-    with torch.no_grad():
-        mode = model(tok.to(device), lens.to(device), heads.to(device))[1][0].cpu()
     words = [LISTOPS_VOCAB[t] for t in tok[0]]
-    for ax, M, title in ((axes[1], gold_arborescence(heads)[0], "gold parse"),
-                         (axes[2], mode, f"mode graph ({models[-1]}, seed {seeds[-1]})")):
+    panels = [(gold_arborescence(heads)[0], "gold parse")]
+    for m, model in last.items():
+        model.eval()
+        with torch.no_grad():
+            mode = model(tok.to(device), lens.to(device), heads.to(device))[1][0].cpu()
+        panels.append((mode, f"mode graph ({m}, seed {seeds[-1]})"))
+    for ax, (M, title) in zip(axes[1:], panels):
         ax.imshow(M.numpy(), cmap="Greys", vmin=0, vmax=1)
         ax.set_xticks(range(n), words, rotation=90, fontsize=7)
         ax.set_yticks(range(n), words, fontsize=7)
