@@ -509,6 +509,31 @@ CATALOGUE: dict[str, list[Case]] = {
     "edge_precision_recall": _score_cases(lambda e: latent.edge_precision_recall(e, S),
                                           "estimate", matrix=True)
     + [Case("truth of another shape", lambda: latent.edge_precision_recall(S, S[0]), "truth")],
+    "make_listops": _int_cases(lambda n: latent.make_listops(n), "n_examples", 0)
+    + _int_cases(lambda d: latent.make_listops(2, max_depth=d), "max_depth", 0)
+    + _int_cases(lambda a: latent.make_listops(2, max_args=a), "max_args", 1)
+    + _int_cases(lambda m: latent.make_listops(2, max_length=m), "max_length", 3)
+    + [Case("leaf_prob > 1", lambda: latent.make_listops(2, leaf_prob=1.5), "leaf_prob"),
+       Case("leaf_prob NaN", lambda: latent.make_listops(2, leaf_prob=math.nan), "leaf_prob")],
+    "LatentListOpsModel": [
+        Case("unknown graph", lambda: latent.LatentListOpsModel("spanning"), "graph"),
+        Case("odd dim", lambda: latent.LatentListOpsModel(dim=7), "dim"),
+        Case("tau 0", lambda: latent.LatentListOpsModel(tau=0.0), "tau"),
+        Case("gold without heads", lambda: latent.LatentListOpsModel("gold")(
+            torch.zeros(1, 4, dtype=torch.long), torch.tensor([4])), "gold heads"),
+    ] + _int_cases(lambda r: latent.LatentListOpsModel(n_rounds=r), "n_rounds", 0),
+    "gold_arborescence": [
+        Case("float heads", lambda: latent.gold_arborescence(V), "heads"),
+        Case("head out of range", lambda: latent.gold_arborescence(torch.tensor([[-1, 2]])),
+             "heads"),
+        Case("head < -1", lambda: latent.gold_arborescence(torch.tensor([[-2, 0]])), "heads"),
+    ],
+    "arc_precision_recall": [
+        Case("shape mismatch", lambda: latent.arc_precision_recall(S, S[0], torch.tensor([4])),
+             "pred and gold"),
+        Case("lengths shape", lambda: latent.arc_precision_recall(S, S, torch.tensor([4])),
+             "lengths"),
+    ],
 }
 
 #: public callables with no argument to validate, with the reason
@@ -528,6 +553,7 @@ NOTHING_TO_VALIDATE = {
     "NonlinearICAData": "result container",
     "GraphLayoutData": "result container",
     "GraphELBO": "result container",
+    "ListOpsBatch": "result container",
     "TemperatureSchedule": "abstract base class",
     "GibbsDistribution": "abstract base class (its families are catalogued)",
 }

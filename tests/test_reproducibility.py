@@ -116,6 +116,21 @@ def _graph_vae_case(method):
     return run
 
 
+def _listops_case(method):
+    def run(s):
+        out = []
+        for graph in ("arborescence", "independent"):
+            torch.manual_seed(0)
+            model = perturb.latent.LatentListOpsModel(graph, dim=8)
+            b = perturb.latent.make_listops(4, max_length=12, generator=_gen(0))
+            y = getattr(model, method)(b.tokens, b.lengths, generator=_gen(s))
+            y = y[0] if isinstance(y, tuple) else y
+            grads = torch.autograd.grad(y.sum(), list(model.parameters()), allow_unused=True)
+            out += [y.detach(), *[g for g in grads if g is not None]]
+        return tuple(out)
+    return run
+
+
 def _layer_case(make):
     def run(s):
         layer = make(_gen(s))
@@ -260,6 +275,9 @@ CASES = {
         perturb.latent.make_graph_layout(3, 5, 2, generator=_gen(s))),
     "GraphLayoutVAE.sample_graph": _graph_vae_case("sample_graph"),
     "GraphLayoutVAE.elbo": _graph_vae_case("elbo"),
+    "make_listops": lambda s: tuple(perturb.latent.make_listops(20, generator=_gen(s))),
+    "LatentListOpsModel.latent_graph": _listops_case("latent_graph"),
+    "LatentListOpsModel.forward": _listops_case("forward"),
 }
 
 RANDOM = _random_callables()

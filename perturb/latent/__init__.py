@@ -17,6 +17,14 @@ from perturb.latent.graph_layout import (
     random_trees,
 )
 from perturb.latent.ivae import IVAE
+from perturb.latent.listops import (
+    LISTOPS_VOCAB,
+    LatentListOpsModel,
+    ListOpsBatch,
+    arc_precision_recall,
+    gold_arborescence,
+    make_listops,
+)
 from perturb.latent.metrics import correlation_matrix, mean_corr_coef
 from perturb.latent.selector import SubsetSelector
 
@@ -25,4 +33,6 @@ __all__ = [
     "perturbed_binary", "binarized_digits", "correlation_matrix", "mean_corr_coef",
     "GraphLayoutVAE", "GraphELBO", "GraphLayoutData", "make_graph_layout", "random_trees",
     "force_directed_layout", "gumbel_kl", "edge_precision_recall",
+    "LatentListOpsModel", "ListOpsBatch", "make_listops", "gold_arborescence",
+    "arc_precision_recall", "LISTOPS_VOCAB",
 ]
