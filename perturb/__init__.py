@@ -1,7 +1,14 @@
 """perturb: learnable discrete and geometric structure by "perturb, then regularized argmax".
 
-See :mod:`perturb.relax` for the abstraction. Importing this package registers every solver
-(simplex, permutations, k-subsets, trees) with the registry in :mod:`perturb.structures`.
+    U   = θ + ε                                   perturb (ε ~ Gumbel, Normal, Logistic, ...)
+    X   = argmax_{x ∈ Z}      ⟨U, x⟩              stochastic argmax: exact, discrete
+    X_τ = argmax_{x ∈ conv Z} ⟨U, x⟩ − τ f(x)      stochastic softmax: relaxed, differentiable
+
+Z is a set of structures (one-hots, k-subsets, permutations, spanning trees, arborescences), f a
+strongly convex regularizer and τ > 0 a temperature: :func:`perturb`, :func:`argmax`,
+:func:`regularized_argmax` and :func:`relax` (module ``perturb/relax.py``). Importing the
+package registers every solver with the registry in :mod:`perturb.structures`; the subpackages
+``structured``, ``boxes``, ``distributions``, ``checks``, ``nn`` and ``latent`` are attributes.
 """
 from perturb._validation import set_validation, validation_enabled
 from perturb.backward import finite_difference_solve, implicit_root, straight_through
