@@ -124,17 +124,10 @@ def check_positive(value: float | torch.Tensor, name: str) -> None:
         if value.is_complex() or not (value.is_floating_point() or value.dtype in
                                       (torch.int32, torch.int64)):
             raise ValueError(f"{name} must be a real number, got a tensor of dtype {value.dtype}")
-        if _unreadable(value):
-            return
-        if value.device.type in _ASYNC_DEVICES:
-            if value.numel():
-                with torch.no_grad():
-                    ok = (torch.isfinite(value) & (value > 0)).all()
-                _assert_on_device(ok, f"perturb: {name} must be finite and > 0 everywhere")
-            return
-        bad = ~(torch.isfinite(value) & (value > 0))
-        if bool(bad.any()):
-            raise ValueError(f"{name} must be finite and > 0, got {value[bad].flatten()[0].item()!r}")
+        with torch.no_grad():
+            good = torch.isfinite(value) & (value > 0)
+        check_value(good.all(), f"{name} must be finite and > 0",
+                    lambda: repr(value[~good].flatten()[0].item()))
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a positive real number, got {value!r}")

@@ -42,9 +42,8 @@ from torch.autograd.function import once_differentiable
 
 from perturb._math import EULER_GAMMA
 from perturb._precision import full_precision
-from perturb._validation import (broadcasts_to, check_choice, check_tau, check_value,
-                                 reads_stall, validation_enabled)
-from perturb.boxes.box import Box
+from perturb._validation import broadcasts_to, check_choice, check_tau, reads_stall
+from perturb.boxes.box import Box, _check_corner
 
 __all__ = ["volume", "gumbel_side_length", "log_gumbel_side_length", "EULER_GAMMA"]
 
@@ -310,12 +309,8 @@ def _log(value: float | torch.Tensor) -> float | torch.Tensor:
 
 
 def _check_corners(lower: Any, upper: Any) -> None:
-    for x, name in ((lower, "lower"), (upper, "upper")):
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got "
-                             f"{getattr(x, 'dtype', type(x).__name__)}")
-        if validation_enabled() and x.numel():
-            check_value(~torch.isnan(x.detach().amax()), f"{name} contains NaN values")
+    _check_corner(lower, "lower", min_ndim=0)
+    _check_corner(upper, "upper", min_ndim=0)
     try:
         torch.broadcast_shapes(lower.shape, upper.shape)
     except RuntimeError:

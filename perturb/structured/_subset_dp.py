@@ -99,15 +99,10 @@ def _check_feasible(kth: torch.Tensor, k: int, name: str = "w") -> None:
 
     A value check (runs while validation is on): a ValueError on CPU, a device-side assert on
     CUDA (see :mod:`perturb._validation`)."""
-    if not _validation.validation_enabled() or not kth.numel():
-        return
-    ok = (kth > -math.inf).all()
-    message = (f"{name} has a row with fewer than k={k} entries > -inf: no k-subset has "
-               f"positive probability")
-    if kth.device.type in _validation._ASYNC_DEVICES:
-        _validation._assert_on_device(ok, "perturb: " + message)
-    elif not bool(ok):
-        raise ValueError(message)
+    if _validation.validation_enabled() and kth.numel():
+        _validation.check_value((kth > -math.inf).all(),
+                                f"{name} has a row with fewer than k={k} entries > -inf: no "
+                                f"k-subset has positive probability")
 
 
 def _work_dtype(y: torch.Tensor) -> torch.Tensor:
