@@ -6,11 +6,24 @@
 
 Z is a set of structures (one-hots, k-subsets, permutations, spanning trees, arborescences), f a
 strongly convex regularizer and τ > 0 a temperature: :func:`perturb`, :func:`argmax`,
-:func:`regularized_argmax` and :func:`relax` (module ``perturb/relax.py``). Importing the
+:func:`regularized_argmax` and :func:`relax`, defined in :mod:`perturb.core`. Importing the
 package registers every solver with the registry in :mod:`perturb.structures`; the subpackages
 ``structured``, ``boxes``, ``distributions``, ``checks``, ``nn`` and ``latent`` are attributes.
+
+Module and function names never collide: ``perturb.relax`` and ``perturb.perturbed`` are the
+functions; their modules are :mod:`perturb.core` and :mod:`perturb.perturbed_optimizers`. The
+old module paths ``perturb.relax`` / ``perturb.perturbed`` still work in ``from ... import``
+statements (aliases in ``sys.modules``).
 """
-from perturb._validation import set_validation, validation_enabled
+import sys as _sys
+
+from perturb import core, perturbed_optimizers
+
+# old module paths, for `from perturb.relax import relax` written before the rename
+_sys.modules.setdefault("perturb.relax", core)
+_sys.modules.setdefault("perturb.perturbed", perturbed_optimizers)
+
+from perturb._validation import set_validation, validation_enabled  # noqa: E402
 from perturb.backward import finite_difference_solve, implicit_root, straight_through
 from perturb.categorical import gaussian_softmax, gumbel_softmax, softmax, sparsemax
 from perturb.noise import Discrete, Gaussian, Gumbel, Logistic, Noise, Normal, Uniform
@@ -21,13 +34,13 @@ from perturb.regularizers import (
     Regularizer,
     SquaredNorm,
 )
-from perturb.perturbed import (
+from perturb.perturbed_optimizers import (
     PerturbedOptimizer,
     fenchel_young_loss,
     perturbed,
     perturbed_optimizer,
 )
-from perturb.relax import argmax, perturb, regularized_argmax, relax
+from perturb.core import argmax, perturb, regularized_argmax, relax
 from perturb.structures import (
     Simplex,
     Structure,

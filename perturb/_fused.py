@@ -1,6 +1,6 @@
 r"""Compiled, fused Gumbel-/Gaussian-softmax for CUDA (``torch.compile``, Triton kernels).
 
-The eager composition of :func:`perturb.relax.relax` on the simplex runs one kernel per
+The eager composition of :func:`perturb.relax` on the simplex runs one kernel per
 operation and streams the whole tensor through memory each time (Gumbel: ``exponential_``,
 ``log``, ``sub``, ``div``, ``softmax``; backward ``_softmax_backward_data`` and ``div``). Here
 the noise is drawn eagerly, with the caller's generator and exactly the draw that

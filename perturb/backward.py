@@ -1,7 +1,7 @@
 """Reusable backward passes for regularized-argmax solvers.
 
 Solvers compute the primal answer and know nothing about autograd; gradients come from one of
-these (see the module docstring of :mod:`perturb.relax` for the abstraction):
+these (see the module docstring of :mod:`perturb.core` for the abstraction):
 
 - :func:`implicit_root` — implicit differentiation of optimality conditions F(x*, θ) = 0:
   ∂x*/∂θ = −(∂F/∂x)⁻¹ ∂F/∂θ, so the vector–Jacobian product is
@@ -10,7 +10,7 @@ these (see the module docstring of :mod:`perturb.relax` for the abstraction):
   ḡ_w ≈ [z(w + ε ḡ_z) − z(w − ε ḡ_z)] / (2ε). Exact up to O(ε²) because every regularized argmax
   is the gradient of a convex function (its Jacobian is symmetric), two extra solver calls.
 - :func:`straight_through` — forward the hard value, backward the soft one's gradient.
-- perturbed optimizers (Berthet et al. 2020) live in :mod:`perturb.perturbed`.
+- perturbed optimizers (Berthet et al. 2020) live in :mod:`perturb.perturbed_optimizers`.
 """
 from __future__ import annotations
 

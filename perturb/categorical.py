@@ -1,7 +1,7 @@
 r"""Simplex solvers: softmax, sparsemax, and the stochastic softmaxes built on them.
 
 On the probability simplex Δ = conv{e_1, ..., e_n} the regularized argmax of
-:mod:`perturb.relax` has closed forms:
+:mod:`perturb.core` has closed forms:
 
 .. math::
 
@@ -26,7 +26,7 @@ below) and ``"unroll"`` (plain autograd through the torch operations, a referenc
 The temperature is applied outside the Functions (z = w/τ), so gradients with respect to a tensor
 τ flow through autograd.
 
-:func:`gumbel_softmax` and :func:`gaussian_softmax` are :func:`perturb.relax.relax` on the simplex
+:func:`gumbel_softmax` and :func:`gaussian_softmax` are :func:`perturb.relax` on the simplex
 with Gumbel resp. Gaussian noise: the same generator state gives the same sample as ``relax``.
 
 References:
@@ -50,7 +50,7 @@ from perturb._validation import (
 )
 from perturb.noise import Gumbel, Normal
 from perturb.regularizers import Entropy, ExpFamilyEntropy, Regularizer, SquaredNorm
-from perturb.relax import _register_fused_relax, _regularized_argmax, _relax
+from perturb.core import _register_fused_relax, _regularized_argmax, _relax
 from perturb.structures import Simplex, register_solver
 
 __all__ = ["softmax", "sparsemax", "gumbel_softmax", "gaussian_softmax", "set_compiled"]

@@ -1,6 +1,6 @@
 r"""``torch.nn`` layers for stochastic softmaxes, and temperature schedules.
 
-:class:`StochasticSoftmax` wraps :func:`perturb.relax.relax` (perturb, then regularized argmax;
+:class:`StochasticSoftmax` wraps :func:`perturb.relax` (perturb, then regularized argmax;
 see that module for the math) as a Module: in training mode it samples
 X_τ = argmax_{x ∈ conv Z} ⟨θ + ε, x⟩ − τ f(x); in evaluation mode it is deterministic: either the
 regularized argmax of θ itself (``eval_mode="regularized"``) or the exact argmax of θ
@@ -26,7 +26,7 @@ from perturb._validation import check_choice, check_dim, check_int, check_positi
 from perturb.categorical import gaussian_softmax, gumbel_softmax
 from perturb.noise import Gumbel, Noise, Normal
 from perturb.regularizers import Entropy, Regularizer
-from perturb.relax import argmax, regularized_argmax, relax
+from perturb.core import argmax, regularized_argmax, relax
 from perturb.structures import Simplex, Structure
 
 __all__ = ["StochasticSoftmax", "GumbelSoftmax", "GaussianSoftmax", "TemperatureSchedule",
@@ -134,7 +134,7 @@ class StochasticSoftmax(torch.nn.Module):
         tau: temperature τ > 0 (float); an attribute, set it directly or through ``schedule``.
         hard: straight-through in training mode.
         eval_mode: ``"regularized"`` or ``"argmax"``.
-        backward: as :func:`perturb.relax.regularized_argmax`.
+        backward: as :func:`perturb.regularized_argmax`.
         n_samples: if given, each call draws that many samples in a new leading dim.
         schedule: a :class:`TemperatureSchedule`; then τ = schedule(0) initially and
             :meth:`step` advances it.

@@ -112,7 +112,7 @@ def test_dispatch_to_most_specific_regularizer(registry):
 
 
 def test_solver_called_through_regularized_argmax(registry):
-    from perturb.relax import regularized_argmax
+    from perturb.core import regularized_argmax
     seen = {}
 
     @register_solver(_Base, Entropy, backward=("unroll", "analytic"), description="test solver")

@@ -1,6 +1,6 @@
 r"""The distribution of a perturbed argmax over a structure, with its relaxation as ``rsample``.
 
-For scores θ, a noise ε (i.i.d. per coordinate) and a structure Z (:mod:`perturb.relax`):
+For scores θ, a noise ε (i.i.d. per coordinate) and a structure Z (:mod:`perturb.core`):
 
 .. math::
 
@@ -40,7 +40,7 @@ from perturb.distributions.constraints import StructureSupport, log_potential
 from perturb.distributions.gibbs import _resolve_validate, _sample_count, _validate_with
 from perturb.noise import Gumbel, Noise
 from perturb.regularizers import Regularizer
-from perturb.relax import _FINITE_NOISES, _check_structure, _perturb, _relax
+from perturb.core import _FINITE_NOISES, _check_structure, _perturb, _relax
 from perturb.backward import BACKWARD_MODES
 from perturb.structures import Simplex, Structure
 

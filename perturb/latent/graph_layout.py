@@ -40,7 +40,7 @@ from torch import nn
 from perturb._validation import check_choice, check_int, check_real, check_scores
 from perturb.noise import Gumbel
 from perturb.regularizers import Entropy, ExpFamilyEntropy
-from perturb.relax import perturb, regularized_argmax
+from perturb.core import perturb, regularized_argmax
 from perturb.structured.subsets import KSubset, topk
 from perturb.structured.trees import SpanningTrees, max_spanning_tree
 from perturb.structures import Simplex

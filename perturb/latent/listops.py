@@ -48,7 +48,7 @@ from torch import nn
 
 from perturb._validation import check_choice, check_int, check_tau
 from perturb.noise import Gumbel, Logistic
-from perturb.relax import relax
+from perturb.core import relax
 from perturb.structured.trees import Arborescences, max_arborescence
 
 __all__ = ["ListOpsBatch", "make_listops", "gold_arborescence", "LatentListOpsModel",

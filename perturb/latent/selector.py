@@ -13,7 +13,7 @@ from torch import nn
 from perturb._validation import check_int
 from perturb.noise import Gumbel, Noise
 from perturb.regularizers import Regularizer
-from perturb.relax import argmax, relax
+from perturb.core import argmax, relax
 from perturb.structured.subsets import KSubset
 
 __all__ = ["SubsetSelector"]

@@ -16,7 +16,7 @@ Two identities give the gradients used across the library:
 - straight-through: ``hard=True`` returns X in the forward pass and ∂X_τ/∂θ in the backward pass
   (:func:`perturb.backward.straight_through`);
 - perturbed optimizers (Berthet et al. 2020): ∇_θ E[argmax(θ + σZ)] = E[argmax(θ + σZ) ∇ν(Z)ᵀ]/σ
-  with ν = −log density (:mod:`perturb.perturbed`).
+  with ν = −log density (:mod:`perturb.perturbed_optimizers`).
 
 Functions here validate their arguments once at the boundary and dispatch the regularized
 argmax to the solver registered for (structure, regularizer) (:mod:`perturb.structures`).

@@ -8,7 +8,7 @@ import torch
 
 import perturb
 from perturb import Gumbel, Logistic, Normal, Simplex
-from perturb.perturbed import (
+from perturb.perturbed_optimizers import (
     PerturbedOptimizer,
     _grad_nu,
     _perturbed_vjp,
