@@ -42,6 +42,7 @@ import torch
 
 from perturb import _fused, _validation
 from perturb._fused import set_compiled
+from perturb._deprecation import renamed
 from perturb._validation import (
     check_dim,
     check_positive,
@@ -310,12 +311,13 @@ def gumbel_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, hard: 
     return _stochastic_softmax(logits, _GUMBEL, tau, hard, dim, generator)
 
 
-def gaussian_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, sigma: float = 1.0,
+def gaussian_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, scale: float = 1.0,
                      hard: bool = False, dim: int = -1,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
+                     generator: torch.Generator | None = None, *,
+                     sigma: float | None = None) -> torch.Tensor:
     r"""A Gaussian-softmax sample: softmax((logits + σ Z)/τ), Z i.i.d. standard normal.
 
-    ``relax(logits, Simplex(), Normal(sigma), Entropy(), tau, hard, generator=generator)`` along
+    ``relax(logits, Simplex(), Normal(scale), Entropy(), tau, hard, generator=generator)`` along
     ``dim``. As τ → 0 the sample becomes the one-hot of argmax_i θ_i + σ Z_i (a multinomial-probit
     model, whose class probabilities are not softmax(θ); see
     :meth:`perturb.noise.Normal.argmax_probs`).
@@ -323,25 +325,27 @@ def gaussian_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, sigm
     Args:
         logits: scores θ.
         tau: temperature τ > 0.
-        sigma: noise scale σ > 0.
+        scale: noise scale σ > 0 (the ``scale`` of :class:`~perturb.noise.Normal`).
         hard: straight-through (see :func:`gumbel_softmax`).
         dim: the dim holding the categories.
         generator: a ``torch.Generator`` for reproducible samples.
+        sigma: deprecated name of ``scale`` (``FutureWarning``; removed in 0.3).
 
     Shape: any, ``logits.shape[dim] = n``; output the same.
 
     On CUDA: no host synchronisation and the compiled path, as :func:`gumbel_softmax`.
 
     Raises:
-        ValueError: integer dtype, ``dim`` out of range, τ ≤ 0, σ ≤ 0, NaN/+inf logits.
+        ValueError: integer dtype, ``dim`` out of range, τ ≤ 0, scale ≤ 0, NaN/+inf logits.
 
     Example::
 
-        >>> x = gaussian_softmax(torch.zeros(3, 4), tau=0.5, sigma=2.0)
+        >>> x = gaussian_softmax(torch.zeros(3, 4), tau=0.5, scale=2.0)
 
     References:
         Paulus et al., "Gradient Estimation with Stochastic Softmax Tricks", NeurIPS 2020,
         arXiv:2006.08063.
     """
-    check_positive(sigma, "sigma")
-    return _stochastic_softmax(logits, Normal(sigma), tau, hard, dim, generator)
+    scale = renamed("gaussian_softmax", "sigma", sigma, "scale", scale, 1.0)
+    check_positive(scale, "scale")
+    return _stochastic_softmax(logits, Normal(scale), tau, hard, dim, generator)

@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from perturb._deprecation import renamed
 from perturb._validation import check_choice, check_dim, check_int, check_positive, check_tau
 from perturb.categorical import gaussian_softmax, gumbel_softmax
 from perturb.noise import Gumbel, Noise, Normal
@@ -246,21 +247,28 @@ class GaussianSoftmax(GumbelSoftmax):
 
     Args:
         tau, hard, dim, eval_mode, schedule, generator: as :class:`GumbelSoftmax`.
-        sigma: noise scale σ > 0.
+        scale: noise scale σ > 0 (the ``scale`` of :class:`~perturb.noise.Normal`).
+        sigma: deprecated name of ``scale`` (``FutureWarning``; removed in 0.3).
 
     Shape: any, categories along ``dim``; output the same.
     """
 
-    def __init__(self, tau: float = 1.0, sigma: float = 1.0, hard: bool = False, dim: int = -1,
+    def __init__(self, tau: float = 1.0, scale: float = 1.0, hard: bool = False, dim: int = -1,
                  eval_mode: str = "regularized", schedule: TemperatureSchedule | None = None,
-                 generator: torch.Generator | None = None):
-        check_positive(sigma, "sigma")
+                 generator: torch.Generator | None = None, *, sigma: float | None = None):
+        scale = renamed("GaussianSoftmax", "sigma", sigma, "scale", scale, 1.0)
+        check_positive(scale, "scale")
         super().__init__(tau, hard, dim, eval_mode, schedule, generator)
-        self.sigma = float(sigma)
-        self.noise = Normal(self.sigma)
+        self.scale = float(scale)
+        self.noise = Normal(self.scale)
+
+    @property
+    def sigma(self) -> float:
+        """Deprecated name of :attr:`scale`."""
+        return self.scale
 
     def _sample(self, theta: torch.Tensor) -> torch.Tensor:
-        return gaussian_softmax(theta, self.tau, self.sigma, self.hard, self.dim, self.generator)
+        return gaussian_softmax(theta, self.tau, self.scale, self.hard, self.dim, self.generator)
 
     def extra_repr(self) -> str:
-        return f"sigma={self.sigma}, " + super().extra_repr()
+        return f"scale={self.scale}, " + super().extra_repr()

@@ -26,12 +26,19 @@ is convex in θ with gradient ∇_θ L = y_σ(θ) − y (Danskin), so it needs n
 On the simplex with Gumbel noise y_σ(θ) = softmax(θ/σ) exactly (Gumbel-max trick): the tests use
 this to check the estimator against the analytic softmax Jacobian.
 
+The smoothing σ is the noise's own ``scale`` (``noise=Normal(scale=0.5)``), as everywhere in the
+package; the default noise is ``Gumbel()``, as in :func:`perturb.relax`. The older ``sigma=``
+argument (a multiplier of ``noise.scale``, with ``Normal()`` as the default noise) still works
+for one release with a ``FutureWarning``.
+
 References:
     Berthet, Blondel, Teboul, Cuturi, Vert & Bach, "Learning with Differentiable Perturbed
     Optimizers", NeurIPS 2020, arXiv:2002.08676.
 """
 from __future__ import annotations
 
+import numbers
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -46,7 +53,7 @@ from perturb._validation import (
     check_scores,
     validation_enabled,
 )
-from perturb.noise import Noise, Normal
+from perturb.noise import Gumbel, Noise, Normal
 from perturb.structures import Structure
 
 __all__ = ["perturbed", "fenchel_young_loss", "PerturbedOptimizer", "perturbed_optimizer"]
@@ -121,15 +128,30 @@ def _solver(argmax_fn: ArgmaxFn | Structure, event_dim: int) -> tuple[ArgmaxFn, 
     return argmax_fn, check_int(event_dim, "event_dim", low=0)
 
 
-def _sample(argmax_fn: ArgmaxFn | Structure, theta: torch.Tensor, sigma: float,
-            noise: Noise | None, n_samples: int, generator: torch.Generator | None,
-            event_dim: int, batched: bool):
-    """Validate, draw Z ``(n_samples, *theta.shape)``, return (noise, Z, y(θ + σZ))."""
-    argmax_fn, event_dim = _solver(argmax_fn, event_dim)
-    check_scores(theta, "theta", min_ndim=event_dim)
+def _noise_and_sigma(fn: str, noise: Any, sigma: float | None) -> tuple[Noise, float]:
+    """(the noise, the multiplier σ of its samples): σ = 1 and ``Gumbel()`` by default; the
+    deprecated ``sigma`` (also accepted as the old third positional argument, where ``noise``
+    now stands) keeps its old meaning, a multiplier with ``Normal()`` as the default noise."""
+    if isinstance(noise, numbers.Real) and not isinstance(noise, bool):
+        if sigma is not None:
+            raise TypeError(f"{fn}() got sigma twice (positionally and as sigma=)")
+        sigma, noise = noise, None
+    if sigma is None:
+        return (Gumbel() if noise is None else noise), 1.0
+    warnings.warn(f"{fn}(): sigma= is deprecated and will be removed in perturb 0.3; the noise "
+                  f"object carries the scale: pass noise=Normal(scale=sigma) (sigma multiplied "
+                  f"noise.scale, and the default noise was Normal())", FutureWarning, stacklevel=3)
     check_positive(sigma, "sigma")
+    return (Normal() if noise is None else noise), float(sigma)
+
+
+def _sample(argmax_fn: ArgmaxFn | Structure, theta: torch.Tensor, sigma: float,
+            noise: Noise, n_samples: int, generator: torch.Generator | None,
+            event_dim: int, batched: bool):
+    """Validate, draw Z ``(n_samples, *theta.shape)``, return (noise, Z, y(θ + σZ)).
+    ``argmax_fn`` and ``event_dim`` come resolved by :func:`_solver`."""
+    check_scores(theta, "theta", min_ndim=event_dim)
     check_int(n_samples, "n_samples", low=1)
-    noise = Normal() if noise is None else noise
     if not hasattr(noise, "sample"):
         raise ValueError(f"noise must be a perturb Noise (with sample()), got {noise!r}")
     z = noise.sample((n_samples, *theta.shape), generator=generator, device=theta.device,
@@ -183,10 +205,10 @@ class _Perturbed(torch.autograd.Function):
         return g, None, None, None, None, None
 
 
-def perturbed(argmax_fn: ArgmaxFn, theta: torch.Tensor, sigma: float = 1.0,
-              noise: Noise | None = None, n_samples: int = 100,
-              generator: torch.Generator | None = None, *, event_dim: int = 1,
-              batched: bool = True, baseline: bool = True) -> torch.Tensor:
+def perturbed(argmax_fn: ArgmaxFn | Structure, theta: torch.Tensor, noise: Noise | None = None,
+              n_samples: int = 100, generator: torch.Generator | None = None, *,
+              event_dim: int = 1, batched: bool = True, baseline: bool = True,
+              sigma: float | None = None) -> torch.Tensor:
     r"""The perturbed optimizer y_σ(θ) = E[argmax_fn(θ + σZ)], differentiable in θ.
 
     .. math:: y_\sigma(\theta) \approx \frac{1}{M}\sum_{s=1}^M y(\theta + \sigma Z_s),\qquad
@@ -205,14 +227,16 @@ def perturbed(argmax_fn: ArgmaxFn, theta: torch.Tensor, sigma: float = 1.0,
             nested list; it receives a tensor on ``theta``'s device (call ``.cpu().numpy()``
             for numpy code).
         theta: scores θ.
-        sigma: noise scale σ > 0 (the smoothing; y_σ → y as σ → 0).
-        noise: Z's distribution (default ``Normal()``); needs ``sample`` and a differentiable
-            ``log_prob`` for the backward pass (Normal, Gumbel, Logistic).
+        noise: σZ's distribution, its ``scale`` the smoothing σ (y_σ → y as σ → 0); default
+            ``Gumbel()``. Needs ``sample`` and a differentiable ``log_prob`` for the backward
+            pass (Normal, Gumbel, Logistic).
         n_samples: M, the Monte-Carlo sample size (the estimator's variance is O(1/M)).
         generator: a ``torch.Generator`` for reproducible noise.
         event_dim: the number of trailing dims of ``theta`` that form one problem.
         batched: whether ``argmax_fn`` takes a batch of problems (see above).
         baseline: subtract the leave-one-out mean of ⟨g, y_t⟩ (unbiased variance reduction).
+        sigma: deprecated (``FutureWarning``): a multiplier of the noise's samples, with
+            ``Normal()`` as the default noise; pass ``noise=Normal(scale=sigma)`` instead.
 
     Shape:
         theta: ``(*batch, *event)``; output ``(*batch, *out)`` (usually ``*out = *event``).
@@ -221,7 +245,7 @@ def perturbed(argmax_fn: ArgmaxFn, theta: torch.Tensor, sigma: float = 1.0,
         The Monte-Carlo estimate of y_σ(θ); its backward is the perturbed Jacobian estimator.
 
     Raises:
-        ValueError: σ ≤ 0, n_samples < 1, NaN θ, a noise without density, an ``argmax_fn`` whose
+        ValueError: n_samples < 1, NaN θ, a noise without density, an ``argmax_fn`` whose
             output does not keep the leading dims.
 
     Example::
@@ -229,7 +253,7 @@ def perturbed(argmax_fn: ArgmaxFn, theta: torch.Tensor, sigma: float = 1.0,
         >>> def hard_argmax(u):                          # any exact solver, not differentiable
         ...     return torch.nn.functional.one_hot(u.argmax(-1), u.shape[-1])
         >>> theta = torch.randn(4, 5, requires_grad=True)
-        >>> y = perturbed(hard_argmax, theta, sigma=0.5, n_samples=1000)
+        >>> y = perturbed(hard_argmax, theta, Normal(scale=0.5), n_samples=1000)
         >>> torch.allclose(y.sum(-1), torch.ones(4))     # rows sum to 1: points of the simplex
         True
 
@@ -237,6 +261,15 @@ def perturbed(argmax_fn: ArgmaxFn, theta: torch.Tensor, sigma: float = 1.0,
         Berthet et al., "Learning with Differentiable Perturbed Optimizers", NeurIPS 2020,
         arXiv:2002.08676.
     """
+    noise, sigma = _noise_and_sigma("perturbed", noise, sigma)
+    return _perturbed(argmax_fn, theta, noise, sigma, n_samples, generator, event_dim, batched,
+                      baseline)
+
+
+def _perturbed(argmax_fn: ArgmaxFn | Structure, theta: torch.Tensor, noise: Noise, sigma: float,
+               n_samples: int, generator: torch.Generator | None, event_dim: int, batched: bool,
+               baseline: bool) -> torch.Tensor:
+    argmax_fn, event_dim = _solver(argmax_fn, event_dim)
     noise, z, ys = _sample(argmax_fn, theta, sigma, noise, n_samples, generator, event_dim,
                            batched)
     n_batch = theta.ndim - event_dim
@@ -246,10 +279,11 @@ def perturbed(argmax_fn: ArgmaxFn, theta: torch.Tensor, sigma: float = 1.0,
     return _Perturbed.apply(theta, ys, dnu, float(sigma), n_batch, bool(baseline))
 
 
-def fenchel_young_loss(argmax_fn: ArgmaxFn, theta: torch.Tensor, y_true: torch.Tensor,
-                       sigma: float = 1.0, noise: Noise | None = None, n_samples: int = 100,
+def fenchel_young_loss(argmax_fn: ArgmaxFn | Structure, theta: torch.Tensor,
+                       y_true: torch.Tensor, noise: Noise | None = None, n_samples: int = 100,
                        generator: torch.Generator | None = None, *, event_dim: int = 1,
-                       batched: bool = True, reduction: str = "mean") -> torch.Tensor:
+                       batched: bool = True, reduction: str = "mean",
+                       sigma: float | None = None) -> torch.Tensor:
     r"""The perturbed Fenchel–Young loss, whose gradient in θ is y_σ(θ) − y_true.
 
     .. math:: L(\theta; y) \approx \frac{1}{M}\sum_{s=1}^M
@@ -262,7 +296,7 @@ def fenchel_young_loss(argmax_fn: ArgmaxFn, theta: torch.Tensor, y_true: torch.T
     a loss on :func:`perturbed`'s output.
 
     Args:
-        argmax_fn, theta, sigma, noise, n_samples, generator, event_dim, batched: as
+        argmax_fn, theta, noise, n_samples, generator, event_dim, batched, sigma: as
             :func:`perturbed`; here the solver output must live in θ's space (``*out = *event``).
         y_true: target structures (vertices), broadcastable to ``theta``.
         reduction: ``"mean"`` (over the batch), ``"sum"`` or ``"none"`` (shape ``(*batch)``).
@@ -273,7 +307,7 @@ def fenchel_young_loss(argmax_fn: ArgmaxFn, theta: torch.Tensor, y_true: torch.T
     Example::
 
         >>> theta = model(x)                          # (batch, n_edges) scores  # doctest: +SKIP
-        >>> loss = fenchel_young_loss(shortest_path, theta, y_true, sigma=0.5,
+        >>> loss = fenchel_young_loss(shortest_path, theta, y_true, Normal(scale=0.5),
         ...                           batched=False)                           # doctest: +SKIP
         >>> loss.backward()                           # ∇θ = y_σ(θ) − y_true     # doctest: +SKIP
 
@@ -281,7 +315,17 @@ def fenchel_young_loss(argmax_fn: ArgmaxFn, theta: torch.Tensor, y_true: torch.T
         Berthet et al. 2020 (arXiv:2002.08676), Sec. 4; Blondel, Martins & Niculae,
         "Learning with Fenchel-Young Losses", JMLR 2020, arXiv:1901.02324.
     """
+    noise, sigma = _noise_and_sigma("fenchel_young_loss", noise, sigma)
+    return _fenchel_young_loss(argmax_fn, theta, y_true, noise, sigma, n_samples, generator,
+                               event_dim, batched, reduction)
+
+
+def _fenchel_young_loss(argmax_fn: ArgmaxFn | Structure, theta: torch.Tensor,
+                        y_true: torch.Tensor, noise: Noise, sigma: float, n_samples: int,
+                        generator: torch.Generator | None, event_dim: int, batched: bool,
+                        reduction: str) -> torch.Tensor:
     check_choice(reduction, ("mean", "sum", "none"), "reduction")
+    argmax_fn, event_dim = _solver(argmax_fn, event_dim)
     _, z, ys = _sample(argmax_fn, theta, sigma, noise, n_samples, generator, event_dim, batched)
     if ys.shape[1:] != theta.shape:
         raise ValueError(f"the Fenchel-Young loss needs argmax_fn outputs in theta's space: "
@@ -313,33 +357,33 @@ class PerturbedOptimizer(torch.nn.Module):
         @PerturbedOptimizer
         def shortest_path(u): ...                       # exact solver, batched
 
-        @perturbed_optimizer(sigma=0.5, n_samples=200, batched=False)
+        @perturbed_optimizer(noise=Normal(0.5), n_samples=200, batched=False)
         def one_path(u): ...                            # one problem per call
 
     Args:
         argmax_fn: the exact solver (see :func:`perturbed`).
-        sigma, noise, n_samples, event_dim, batched, baseline: as :func:`perturbed`.
+        noise, n_samples, event_dim, batched, baseline, sigma: as :func:`perturbed`.
         generator: the ``torch.Generator`` used for the noise (an attribute: set it to reseed).
 
     Shape: ``(*batch, *event)`` -> ``(*batch, *out)``.
     """
 
-    def __init__(self, argmax_fn: ArgmaxFn, sigma: float = 1.0, noise: Noise | None = None,
+    def __init__(self, argmax_fn: ArgmaxFn | Structure, noise: Noise | None = None,
                  n_samples: int = 100, *, event_dim: int = 1, batched: bool = True,
-                 baseline: bool = True, generator: torch.Generator | None = None):
+                 baseline: bool = True, generator: torch.Generator | None = None,
+                 sigma: float | None = None):
         super().__init__()
         argmax_fn, event_dim = _solver(argmax_fn, event_dim)
-        check_positive(sigma, "sigma")
+        noise, self._sigma = _noise_and_sigma("PerturbedOptimizer", noise, sigma)
         check_int(n_samples, "n_samples", low=1)
         self.argmax_fn = argmax_fn
-        self.sigma, self.noise, self.n_samples = float(sigma), noise, n_samples
+        self.noise, self.n_samples = noise, n_samples
         self.event_dim, self.batched, self.baseline = event_dim, batched, baseline
         self.generator = generator
 
     def forward(self, theta: torch.Tensor) -> torch.Tensor:
-        return perturbed(self.argmax_fn, theta, self.sigma, self.noise, self.n_samples,
-                         self.generator, event_dim=self.event_dim, batched=self.batched,
-                         baseline=self.baseline)
+        return _perturbed(self.argmax_fn, theta, self.noise, self._sigma, self.n_samples,
+                          self.generator, self.event_dim, self.batched, self.baseline)
 
     def argmax(self, theta: torch.Tensor) -> torch.Tensor:
         """The unperturbed solution y(θ) (no gradient), leading dims kept."""
@@ -349,14 +393,14 @@ class PerturbedOptimizer(torch.nn.Module):
     def fenchel_young_loss(self, theta: torch.Tensor, y_true: torch.Tensor,
                            reduction: str = "mean") -> torch.Tensor:
         """:func:`fenchel_young_loss` with the stored options."""
-        return fenchel_young_loss(self.argmax_fn, theta, y_true, self.sigma, self.noise,
-                                  self.n_samples, self.generator, event_dim=self.event_dim,
-                                  batched=self.batched, reduction=reduction)
+        return _fenchel_young_loss(self.argmax_fn, theta, y_true, self.noise, self._sigma,
+                                   self.n_samples, self.generator, self.event_dim, self.batched,
+                                   reduction)
 
     def extra_repr(self) -> str:
         name = getattr(self.argmax_fn, "__name__", type(self.argmax_fn).__name__)
-        noise = self.noise if self.noise is not None else Normal()
-        return (f"argmax_fn={name}, sigma={self.sigma}, noise={noise!r}, "
+        sigma = f", sigma={self._sigma}" if self._sigma != 1.0 else ""
+        return (f"argmax_fn={name}, noise={self.noise!r}{sigma}, "
                 f"n_samples={self.n_samples}, batched={self.batched}")
 
 
@@ -365,7 +409,7 @@ def perturbed_optimizer(argmax_fn: ArgmaxFn | None = None, **options: Any):
 
     Example::
 
-        @perturbed_optimizer(sigma=0.5, n_samples=500)
+        @perturbed_optimizer(noise=Normal(scale=0.5), n_samples=500)
         def ranking(u):
             return u.argsort(-1).argsort(-1).to(u.dtype)
     """

@@ -164,7 +164,7 @@ CATALOGUE: dict[str, list[Case]] = {
     ],
     "gaussian_softmax": _score_cases(perturb.gaussian_softmax, "logits") + _all_masked_row(perturb.gaussian_softmax, "logits")
     + _tau_cases(lambda t: perturb.gaussian_softmax(V, t))
-    + _tau_cases(lambda s: perturb.gaussian_softmax(V, sigma=s), "sigma"),
+    + _tau_cases(lambda s: perturb.gaussian_softmax(V, scale=s), "scale"),
     "sparsemax": _score_cases(perturb.sparsemax, "x") + _all_masked_row(perturb.sparsemax, "x") + [
         Case("dim out of range", lambda: perturb.sparsemax(V, dim=-3), "dim")],
     "softmax": _score_cases(perturb.softmax, "x") + _all_masked_row(perturb.softmax, "x")
@@ -174,7 +174,8 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("argmax_fn wrong shape", lambda: perturb.perturbed(lambda u: u.sum(-1), V),
              "argmax_fn"),
         Case("n_samples 0", lambda: perturb.perturbed(_argmax, V, n_samples=0), "n_samples"),
-    ] + _tau_cases(lambda s: perturb.perturbed(_argmax, V, sigma=s), "sigma"),
+        Case("noise not a Noise", lambda: perturb.perturbed(_argmax, V, "gauss"), "noise"),
+    ] + _tau_cases(lambda s: perturb.perturbed(_argmax, V, perturb.Normal(s)), "scale"),
     "fenchel_young_loss": [
         Case("y_true wrong shape", lambda: perturb.fenchel_young_loss(_argmax, V, V[:, :2]),
              "y_true"),
@@ -190,7 +191,7 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("argmax_fn not callable", lambda: perturb.PerturbedOptimizer(3), "argmax_fn"),
         Case("n_samples 0", lambda: perturb.PerturbedOptimizer(_argmax, n_samples=0),
              "n_samples"),
-    ] + _tau_cases(lambda s: perturb.PerturbedOptimizer(_argmax, sigma=s), "sigma"),
+    ] + _tau_cases(lambda s: perturb.PerturbedOptimizer(_argmax, perturb.Normal(s)), "scale"),
     "perturbed_optimizer": [
         Case("unknown option", lambda: perturb.perturbed_optimizer(_argmax, bogus=1), "bogus",
              TypeError),
@@ -457,8 +458,7 @@ CATALOGUE: dict[str, list[Case]] = {
     "IVAE": [
         Case("obs_scale 0", lambda: latent.IVAE(4, 2, 3, obs_scale=0.0), "obs_scale"),
         Case("obs_scale < 0", lambda: latent.IVAE(4, 2, 3, obs_scale=-1.0), "obs_scale"),
-        Case("temperature NaN", lambda: latent.IVAE(4, 2, 3, temperature=math.nan),
-             "temperature"),
+        Case("tau NaN", lambda: latent.IVAE(4, 2, 3, tau=math.nan), "tau"),
         Case("unknown likelihood", lambda: latent.IVAE(4, 2, 3, likelihood="poisson"),
              "likelihood"),
     ],
@@ -468,7 +468,7 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("slope NaN", lambda: latent.make_nonlinear_ica(slope=math.nan), "slope"),
     ],
     "perturbed_binary": _score_cases(lambda x: latent.perturbed_binary(x, 0.5), "logits")[:4]
-    + [Case("temperature < 0", lambda: latent.perturbed_binary(V, -1.0), "temperature")],
+    + [Case("tau < 0", lambda: latent.perturbed_binary(V, -1.0), "tau")],
     "binarized_digits": [
         Case("test_fraction > 1", lambda: latent.binarized_digits(test_fraction=1.5),
              "test_fraction")],

@@ -227,7 +227,7 @@ def test_gumbel_softmax_is_relax(hard, dim):
 
 def test_gaussian_softmax_is_relax():
     logits = torch.randn(6, 5, generator=torch.Generator().manual_seed(0))
-    y = gaussian_softmax(logits, tau=0.5, sigma=2.0, generator=torch.Generator().manual_seed(4))
+    y = gaussian_softmax(logits, tau=0.5, scale=2.0, generator=torch.Generator().manual_seed(4))
     u = perturb(logits, Normal(2.0), generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(y, torch.softmax(u / 0.5, -1))
     ref = relax(logits, Simplex(), Normal(2.0), Entropy(), 0.5,
@@ -282,8 +282,8 @@ def test_same_seed_same_sample(fn):
 @pytest.mark.parametrize("call,match", [
     (lambda x: gumbel_softmax(x, tau=0.0), "tau"),
     (lambda x: gumbel_softmax(x, tau=-1.0), "tau"),
-    (lambda x: gaussian_softmax(x, sigma=0.0), "sigma"),
-    (lambda x: gaussian_softmax(x, sigma=-2.0), "sigma"),
+    (lambda x: gaussian_softmax(x, scale=0.0), "scale"),
+    (lambda x: gaussian_softmax(x, scale=-2.0), "scale"),
     (lambda x: gumbel_softmax(x, dim=2), "dim"),
     (lambda x: gaussian_softmax(x, dim=-3), "dim"),
     (lambda x: gumbel_softmax(x.long()), "logits"),
@@ -500,7 +500,7 @@ def _fused_and_eager(fn, x, c, **kw):
 def test_fused_matches_eager_same_noise(fused_on_cpu, fn, hard, dtype):
     x = torch.randn(6, 9, dtype=dtype, generator=torch.Generator().manual_seed(0))
     c = torch.randn(6, 9, dtype=dtype, generator=torch.Generator().manual_seed(1))
-    kw = {"sigma": 1.5} if fn is gaussian_softmax else {}
+    kw = {"scale": 1.5} if fn is gaussian_softmax else {}
     (y_f, g_f), (y_e, g_e) = _fused_and_eager(fn, x, c, tau=0.4, hard=hard, **kw)
     torch.testing.assert_close(y_f, y_e)  # float tolerance: the same draws, other rounding
     torch.testing.assert_close(g_f, g_e)
@@ -636,3 +636,11 @@ def test_cuda_gumbel_noise_finite(dtype):
                             torch.device("cuda"), dtype)
     assert bool((e > 0).all()) and bool(torch.isfinite(e).all())
     assert bool(torch.isfinite(Gumbel().sample((1000,), device="cuda", dtype=dtype)).all())
+
+
+def test_gaussian_softmax_deprecated_sigma():
+    x = torch.randn(3, 4)
+    new = gaussian_softmax(x, 0.5, 2.0, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(FutureWarning, match="sigma= is deprecated"):
+        old = gaussian_softmax(x, 0.5, sigma=2.0, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(old, new, rtol=0, atol=0)

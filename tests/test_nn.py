@@ -111,7 +111,7 @@ def test_gumbel_and_gaussian_modules_match_functions(dim):
     g = GumbelSoftmax(tau=0.6, dim=dim, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(g(theta), gumbel_softmax(
         theta, 0.6, dim=dim, generator=torch.Generator().manual_seed(1)), rtol=0, atol=0)
-    n = GaussianSoftmax(tau=0.6, sigma=2.0, hard=True, dim=dim,
+    n = GaussianSoftmax(tau=0.6, scale=2.0, hard=True, dim=dim,
                         generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(n(theta), gaussian_softmax(
         theta, 0.6, 2.0, hard=True, dim=dim, generator=torch.Generator().manual_seed(1)),
@@ -144,13 +144,18 @@ def test_module_in_training_loop_learns():
 
 def test_repr_and_bad_arguments():
     assert "tau=0.5" in repr(GumbelSoftmax(tau=0.5))
-    assert "sigma=2.0" in repr(GaussianSoftmax(sigma=2.0))
+    assert "scale=2.0" in repr(GaussianSoftmax(scale=2.0))
+    with pytest.warns(FutureWarning, match="sigma= is deprecated"):
+        old = GaussianSoftmax(sigma=2.0)
+    assert old.scale == 2.0 and old.sigma == 2.0 and old.noise.scale == 2.0
+    with pytest.raises(TypeError, match="both"):
+        GaussianSoftmax(scale=3.0, sigma=2.0)
     r = repr(StochasticSoftmax(regularizer=Entropy()))
     assert "Simplex()" in r and "Entropy()" in r and "Gumbel" in r
     with pytest.raises(ValueError, match="tau"):
         StochasticSoftmax(tau=-1.0)
-    with pytest.raises(ValueError, match="sigma"):
-        GaussianSoftmax(sigma=0.0)
+    with pytest.raises(ValueError, match="scale"):
+        GaussianSoftmax(scale=0.0)
     with pytest.raises(ValueError, match="hard"):
         StochasticSoftmax(hard="yes")
     with pytest.raises(ValueError, match="structure"):

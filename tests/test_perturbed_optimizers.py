@@ -68,9 +68,9 @@ def test_networkx_black_box_equals_enumeration():
     theta = torch.randn(12, dtype=torch.float64, generator=torch.Generator().manual_seed(0),
                         requires_grad=True)
     c = torch.randn(12, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    y_nx = perturbed(_nx_best_path, theta, sigma=0.5, n_samples=50, batched=False,
+    y_nx = perturbed(_nx_best_path, theta, noise=Normal(0.5), n_samples=50, batched=False,
                      generator=torch.Generator().manual_seed(2))
-    y_en = perturbed(_enum_best_path, theta, sigma=0.5, n_samples=50,
+    y_en = perturbed(_enum_best_path, theta, noise=Normal(0.5), n_samples=50,
                      generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(y_nx, y_en, rtol=0, atol=0)
     (g_nx,) = torch.autograd.grad((y_nx * c).sum(), theta)
@@ -88,7 +88,7 @@ def test_path_gradient_matches_finite_difference_of_expectation():
     sigma, m = 0.7, 200_000
 
     th = theta.clone().requires_grad_()
-    y = perturbed(_enum_best_path, th, sigma=sigma, n_samples=m,
+    y = perturbed(_enum_best_path, th, noise=Normal(sigma), n_samples=m,
                   generator=torch.Generator().manual_seed(4))
     (grad,) = torch.autograd.grad((y * c).sum(), th)
     estimate = float(grad @ v)
@@ -112,7 +112,7 @@ def test_fenchel_young_learning_with_networkx():
     """Fit edge scores so that the (perturbed) best path is a target path: FY loss decreases."""
     y_true = _PATHS[2]
     theta = torch.zeros(12, dtype=torch.float64, requires_grad=True)
-    layer = PerturbedOptimizer(_nx_best_path, sigma=0.5, n_samples=8, batched=False,
+    layer = PerturbedOptimizer(_nx_best_path, noise=Normal(0.5), n_samples=8, batched=False,
                                generator=torch.Generator().manual_seed(0))
     opt = torch.optim.SGD([theta], lr=0.5)
     losses = []
@@ -131,19 +131,19 @@ def test_fenchel_young_gradient_is_mean_minus_target():
     theta = torch.randn(3, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(1),
                         requires_grad=True)
     y_true = _PATHS[[0, 3, 5]]
-    loss = fenchel_young_loss(_enum_best_path, theta, y_true, sigma=0.3, n_samples=64,
+    loss = fenchel_young_loss(_enum_best_path, theta, y_true, noise=Normal(0.3), n_samples=64,
                               generator=torch.Generator().manual_seed(9), reduction="sum")
     (grad,) = torch.autograd.grad(loss, theta)
-    y_mean = perturbed(_enum_best_path, theta.detach(), sigma=0.3, n_samples=64,
+    y_mean = perturbed(_enum_best_path, theta.detach(), noise=Normal(0.3), n_samples=64,
                        generator=torch.Generator().manual_seed(9))
     torch.testing.assert_close(grad, y_mean - y_true)
-    per = fenchel_young_loss(_enum_best_path, theta, y_true, sigma=0.3, n_samples=64,
+    per = fenchel_young_loss(_enum_best_path, theta, y_true, noise=Normal(0.3), n_samples=64,
                              generator=torch.Generator().manual_seed(9), reduction="none")
     assert per.shape == (3,) and bool((per >= 0).all())
     torch.testing.assert_close(per.sum(), loss)
     # zero loss when y_true wins by a margin no noise sample overcomes
     strong = 100.0 * (2 * y_true - 1)
-    zero = fenchel_young_loss(_enum_best_path, strong, y_true, sigma=0.3, n_samples=16,
+    zero = fenchel_young_loss(_enum_best_path, strong, y_true, noise=Normal(0.3), n_samples=16,
                               reduction="none")
     torch.testing.assert_close(zero, torch.zeros(3, dtype=torch.float64))
 
@@ -157,7 +157,7 @@ def test_simplex_gumbel_value_and_jacobian_match_softmax():
     c = torch.tensor([1.0, -2.0, 0.5, 0.3], dtype=torch.float64)
     sigma, m = 0.8, 100_000
     th = theta.clone().requires_grad_()
-    y = perturbed(_one_hot_argmax, th, sigma=sigma, noise=Gumbel(), n_samples=m,
+    y = perturbed(_one_hot_argmax, th, noise=Gumbel(sigma), n_samples=m,
                   generator=torch.Generator().manual_seed(0))
     p = torch.softmax(theta / sigma, -1)
     se = (p * (1 - p) / m).sqrt()
@@ -184,7 +184,7 @@ def test_baseline_does_not_bias_and_reduces_variance():
         gs = []
         for seed in range(40):
             th = theta.clone().requires_grad_()
-            y = perturbed(_one_hot_argmax, th, sigma, Gumbel(), n_samples=500,
+            y = perturbed(_one_hot_argmax, th, Gumbel(sigma), n_samples=500,
                           generator=torch.Generator().manual_seed(seed), baseline=baseline)
             gs.append(torch.autograd.grad((y * c).sum(), th)[0])
         est[baseline] = torch.stack(gs)
@@ -228,7 +228,7 @@ def test_batched_equals_looped_and_numpy_outputs():
 
     ys = []
     for fn, batched in ((_one_hot_argmax, True), (one, False)):
-        y = perturbed(fn, theta, 0.5, n_samples=7, batched=batched,
+        y = perturbed(fn, theta, Normal(0.5), n_samples=7, batched=batched,
                       generator=torch.Generator().manual_seed(1))
         g = torch.autograd.grad(y.pow(2).sum(), theta)[0]
         ys.append((y, g))
@@ -246,7 +246,7 @@ def test_event_dim_two():
 
     theta = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]], dtype=torch.float64, requires_grad=True)
     m = 20_000
-    y = perturbed(best_perm, theta, 1.0, Gumbel(), n_samples=m, event_dim=2,
+    y = perturbed(best_perm, theta, Gumbel(), n_samples=m, event_dim=2,
                   generator=torch.Generator().manual_seed(0))
     assert y.shape == (1, 2, 2)
     torch.testing.assert_close(y.sum(-1), torch.ones(1, 2, dtype=torch.float64))
@@ -261,13 +261,13 @@ def test_event_dim_two():
 
 
 def test_module_and_decorator():
-    @perturbed_optimizer(sigma=0.5, n_samples=10)
+    @perturbed_optimizer(noise=Normal(0.5), n_samples=10)
     def layer(u):
         return Simplex().argmax(u)
 
-    assert isinstance(layer, PerturbedOptimizer) and "sigma=0.5" in repr(layer)
+    assert isinstance(layer, PerturbedOptimizer) and repr(Normal(0.5)) in repr(layer)
     plain = PerturbedOptimizer(_one_hot_argmax)
-    assert plain.sigma == 1.0
+    assert isinstance(plain.noise, Gumbel) and plain.noise.scale == 1.0  # as relax's default
     theta = torch.randn(4, 6)
     layer.generator = torch.Generator().manual_seed(0)
     a = layer(theta)
@@ -287,7 +287,7 @@ def test_float32_and_no_grad_path():
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda t: perturbed(_one_hot_argmax, t, sigma=0.0), "sigma"),
+    (lambda t: perturbed(_one_hot_argmax, t, Normal(0.0)), "scale"),
     (lambda t: perturbed(_one_hot_argmax, t, n_samples=0), "n_samples"),
     (lambda t: perturbed(_one_hot_argmax, torch.full_like(t, math.nan)), "theta"),
     (lambda t: perturbed(_one_hot_argmax, t.long()), "theta"),
@@ -315,7 +315,7 @@ def test_noise_without_usable_density_rejected():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
 def test_cuda_black_box_with_numpy_output():
     theta = torch.randn(12, dtype=torch.float64, device="cuda", requires_grad=True)
-    y = perturbed(_nx_best_path, theta, sigma=0.5, n_samples=10, batched=False,
+    y = perturbed(_nx_best_path, theta, noise=Normal(0.5), n_samples=10, batched=False,
                   generator=torch.Generator(device="cuda").manual_seed(0))
     assert y.device.type == "cuda"
     y.sum().backward()
@@ -328,7 +328,7 @@ def test_a_structure_is_an_argmax_fn():
     from perturb.structured import KSubset, Permutations, topk
 
     theta = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
-    kw = dict(sigma=0.5, n_samples=50)
+    kw = dict(noise=Normal(0.5), n_samples=50)
     a = perturb.perturbed(KSubset(2), theta, generator=torch.Generator().manual_seed(0), **kw)
     b = perturb.perturbed(lambda u: topk(u, 2), theta, generator=torch.Generator().manual_seed(0),
                           **kw)
@@ -340,7 +340,57 @@ def test_a_structure_is_an_argmax_fn():
     assert torch.isfinite(g).all()
     # a structure with two event dims: event_dim comes from the structure
     w = torch.randn(3, 4, 4, dtype=torch.float64)
-    p = perturb.PerturbedOptimizer(Permutations(), sigma=0.5, n_samples=20)(w)
+    p = perturb.PerturbedOptimizer(Permutations(), noise=Normal(0.5), n_samples=20)(w)
     torch.testing.assert_close(p.sum(-1), torch.ones(3, 4, dtype=torch.float64))
     with pytest.raises(ValueError, match="Structure or a callable"):
         perturb.perturbed("topk", theta)
+
+
+@pytest.mark.parametrize("fn", ["perturbed", "fenchel_young_loss", "PerturbedOptimizer"])
+def test_deprecated_sigma_keeps_its_old_meaning(fn):
+    # sigma multiplied the noise's samples and the default noise was Normal(): the old calls
+    # give the same numbers as the new spelling noise=Normal(scale=sigma), with a FutureWarning
+    theta = torch.randn(3, 5)
+    y_true = _one_hot_argmax(torch.randn(3, 5))
+
+    def call(**kw):
+        g = torch.Generator().manual_seed(0)
+        if fn == "perturbed":
+            return perturbed(_one_hot_argmax, theta, n_samples=20, generator=g, **kw)
+        if fn == "fenchel_young_loss":
+            return fenchel_young_loss(_one_hot_argmax, theta, y_true, n_samples=20, generator=g,
+                                      **kw)
+        return PerturbedOptimizer(_one_hot_argmax, n_samples=20, generator=g, **kw)(theta)
+
+    new = call(noise=Normal(0.5))
+    with pytest.warns(FutureWarning, match="sigma= is deprecated"):
+        old = call(sigma=0.5)
+    torch.testing.assert_close(old, new, rtol=0, atol=0)
+    with pytest.warns(FutureWarning):  # Gumbel(2) scaled by 0.5 is Gumbel(1)
+        torch.testing.assert_close(call(sigma=0.5, noise=Gumbel(2.0)), call(noise=Gumbel(1.0)))
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="sigma"):
+        call(sigma=0.0)
+
+
+def test_old_positional_sigma_still_works():
+    theta = torch.randn(2, 4)
+    with pytest.warns(FutureWarning):
+        old = perturbed(_one_hot_argmax, theta, 0.5, n_samples=10,
+                        generator=torch.Generator().manual_seed(1))
+    new = perturbed(_one_hot_argmax, theta, Normal(0.5), n_samples=10,
+                    generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(old, new, rtol=0, atol=0)
+
+
+def test_structure_with_two_event_dims_gets_its_own_event_dim():
+    # a Structure brings event_dim = 2: the VJP must sum over both event dims, not one
+    from perturb.structured import Permutations
+    w = torch.randn(2, 4, 4, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(2, 4, 4, dtype=torch.float64)
+    def kw():
+        return dict(n_samples=64, generator=torch.Generator().manual_seed(0))
+    (perturbed(Permutations(), w, Normal(0.5), **kw()) * g).sum().backward()
+    grad_structure = w.grad.clone()
+    w.grad = None
+    (perturbed(Permutations().argmax, w, Normal(0.5), event_dim=2, **kw()) * g).sum().backward()
+    torch.testing.assert_close(grad_structure, w.grad)

@@ -5,6 +5,7 @@ from typing import NamedTuple
 
 import torch
 
+from perturb._deprecation import renamed
 from perturb._validation import check_int, check_positive, check_real, check_scores
 from perturb.noise import Logistic, Noise
 
@@ -76,24 +77,28 @@ def make_nonlinear_ica(n_sources: int = 5, n_segments: int = 40, n_per_segment: 
     return NonlinearICAData(x, s, u, f)
 
 
-def perturbed_binary(logits: torch.Tensor, temperature: float, noise: Noise | None = None,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
-    """Observations x = σ((f + ε)/T), ε ~ noise (default Logistic(0, 1): the binary Concrete).
+def perturbed_binary(logits: torch.Tensor, tau: float | None = None, noise: Noise | None = None,
+                     generator: torch.Generator | None = None, *,
+                     temperature: float | None = None) -> torch.Tensor:
+    """Observations x = σ((f + ε)/τ), ε ~ noise (default Logistic(0, 1): the binary Concrete).
 
-    As T → 0 they become the binary x = 1[f + ε > 0], with P(x = 1) = 1 − F(−f) (= σ(f) for
-    logistic noise, Φ(f) for standard normal noise). ``temperature=0`` returns that limit.
+    As τ → 0 they become the binary x = 1[f + ε > 0], with P(x = 1) = 1 − F(−f) (= σ(f) for
+    logistic noise, Φ(f) for standard normal noise). ``tau=0`` returns that limit.
+    ``temperature`` is the deprecated name of ``tau`` (``FutureWarning``; removed in 0.3).
 
     Shape: ``logits`` ``(*batch)`` -> same.
     """
+    tau = renamed("perturbed_binary", "temperature", temperature, "tau", tau, None)
+    if tau is None:
+        raise TypeError("perturbed_binary() missing the temperature argument 'tau'")
     check_scores(logits, "logits", min_ndim=0)
     noise = Logistic() if noise is None else noise
-    if temperature != 0:
-        check_positive(temperature, "temperature")
+    if tau != 0:
+        check_positive(tau, "tau")
     eps = noise.sample(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
-    if temperature == 0:
+    if tau == 0:
         return (logits + eps > 0).to(logits.dtype)
-    check_positive(temperature, "temperature")
-    return torch.sigmoid((logits + eps) / temperature)
+    return torch.sigmoid((logits + eps) / tau)
 
 
 def binarized_digits(threshold: float = 0.5, generator: torch.Generator | None = None,

@@ -12,10 +12,10 @@ which is not identifiable (any rotation of z gives the same marginal likelihood)
 Observation models (``likelihood``):
 
 - ``"gaussian"``: x = f(z) + N(0, obs_scale²).
-- ``"perturbed"``: x = σ((f(z) + ε)/T) with ε from ``noise`` (Logistic: the binary Concrete).
-  In y = T·logit(x) this is y = f(z) + ε, so log p(x | z) = log p_ε(y − f(z)) + const, using
-  ``noise.log_prob``; values saturated at 0 or 1 in floating point (|f + ε| ≳ T·log(1/eps))
-  are censored and contribute P(y ≤ y_lo) or P(y ≥ y_hi) instead; with ``temperature=0`` it
+- ``"perturbed"``: x = σ((f(z) + ε)/τ) with ε from ``noise`` (Logistic: the binary Concrete).
+  In y = τ·logit(x) this is y = f(z) + ε, so log p(x | z) = log p_ε(y − f(z)) + const, using
+  ``noise.log_prob``; values saturated at 0 or 1 in floating point (|f + ε| ≳ τ·log(1/eps))
+  are censored and contribute P(y ≤ y_lo) or P(y ≥ y_hi) instead; with ``tau=0`` it
   is the binary limit x = 1[f(z) + ε > 0],
   P(x = 1 | z) = 1 − F_ε(−f(z)), using ``noise.log_cdf``.
 """
@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from perturb._math import log1mexp as _log1mexp
+from perturb._deprecation import renamed
 from perturb._validation import check_choice, check_int, check_positive, check_real
 from perturb.noise import Logistic, Noise, Normal
 
@@ -74,25 +75,28 @@ class IVAE(nn.Module):
         likelihood: ``"gaussian"`` or ``"perturbed"`` (see module docstring).
         obs_scale: standard deviation of the Gaussian likelihood.
         noise: the perturbation of the ``"perturbed"`` likelihood (default Logistic()).
-        temperature: T ≥ 0 of the ``"perturbed"`` likelihood (0: binary observations).
+        tau: temperature τ ≥ 0 of the ``"perturbed"`` likelihood (0: binary observations).
+        temperature: deprecated name of ``tau`` (``FutureWarning``; removed in 0.3).
 
     Shape: ``x`` ``(B, d_obs)``, ``u`` ``(B,)`` long; latents ``(B, n_latent)``.
     """
 
     def __init__(self, d_obs: int, n_latent: int, n_aux: int, hidden: int = 64,
                  conditional_prior: bool = True, likelihood: str = "gaussian",
-                 obs_scale: float = 0.1, noise: Noise | None = None, temperature: float = 0.0):
+                 obs_scale: float = 0.1, noise: Noise | None = None, tau: float = 0.0, *,
+                 temperature: float | None = None):
         super().__init__()
         self.d_obs = check_int(d_obs, "d_obs", low=1)
         self.n_latent = check_int(n_latent, "n_latent", low=1)
         self.n_aux = check_int(n_aux, "n_aux", low=1)
         check_choice(likelihood, ("gaussian", "perturbed"), "likelihood")
-        check_real(temperature, "temperature", low=0.0)
+        tau = renamed("IVAE", "temperature", temperature, "tau", tau, 0.0)
+        check_real(tau, "tau", low=0.0)
         check_positive(obs_scale, "obs_scale")
         self.conditional_prior = conditional_prior
         self.likelihood, self.obs_scale = likelihood, obs_scale
         self.noise = noise if noise is not None else Logistic()
-        self.temperature = temperature
+        self.tau = tau
         enc_in = d_obs + (n_aux if conditional_prior else 0)
         self.encoder = _mlp(enc_in, 2 * n_latent, hidden)
         self.decoder = _mlp(n_latent, d_obs, hidden)
@@ -121,23 +125,28 @@ class IVAE(nn.Module):
         mean, logvar = self.prior(self._onehot(u, like)).chunk(2, -1)
         return mean, logvar.clamp(-8, 8)
 
+    @property
+    def temperature(self) -> float:
+        """Deprecated name of :attr:`tau`."""
+        return self.tau
+
     def log_likelihood(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """log p(x | z) up to a constant independent of the parameters, ``(B,)``."""
         f = self.decoder(z)
         if self.likelihood == "gaussian":
             return _gauss_log_prob(x, f, torch.full_like(f, 2 * math.log(self.obs_scale)))
-        if self.temperature == 0:
+        if self.tau == 0:
             one = x > 0.5
             log_p0 = self.noise.log_cdf(-f)                      # P(x = 0) = F(−f)
             log_p1 = _log_sf(self.noise, _masked(-f, one))          # P(x = 1) = 1 − F(−f)
             return torch.where(one, log_p1, log_p0).sum(-1)
-        # x = σ((f + ε)/T) saturates to 0 or 1 in floating point once |f + ε| ≳ T·log(1/eps):
+        # x = σ((f + ε)/τ) saturates to 0 or 1 in floating point once |f + ε| ≳ τ·log(1/eps):
         # such values are censored observations (y ≤ y_lo or y ≥ y_hi), whose likelihood is a
         # probability, not the density at the clamp point (which would pull f towards it).
         eps = torch.finfo(x.dtype).eps
         xc = x.clamp(eps, 1 - eps)
-        y = self.temperature * (torch.log(xc) - torch.log1p(-xc))
-        y_hi = self.temperature * math.log((1 - eps) / eps)
+        y = self.tau * (torch.log(xc) - torch.log1p(-xc))
+        y_hi = self.tau * math.log((1 - eps) / eps)
         lo, hi = x <= eps, x >= 1 - eps
         interior = self.noise.log_prob(_masked(y - f, ~(lo | hi)))
         below = self.noise.log_cdf(_masked(-y_hi - f, lo))             # F(−y_hi − f)

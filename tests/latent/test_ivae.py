@@ -29,7 +29,7 @@ def test_ivae_forward_backward(conditional, likelihood, temperature, noise, gene
     x = data.x if likelihood == "gaussian" else perturbed_binary(data.x, temperature, noise,
                                                                  generator)
     model = IVAE(6, 2, 3, hidden=8, conditional_prior=conditional, likelihood=likelihood,
-                 noise=noise, temperature=temperature)
+                 noise=noise, tau=temperature)
     elbo = model(x, data.u)
     assert elbo.shape == (30,) and torch.isfinite(elbo).all()
     (-elbo.mean()).backward()
@@ -39,7 +39,7 @@ def test_ivae_forward_backward(conditional, likelihood, temperature, noise, gene
 
 def test_binary_likelihood_is_exact_bernoulli():
     # temperature 0: P(x=1 | z) = 1 − F(−f) = σ(f) for logistic noise
-    model = IVAE(3, 2, 2, hidden=4, likelihood="perturbed", temperature=0.0)
+    model = IVAE(3, 2, 2, hidden=4, likelihood="perturbed", tau=0.0)
     z = torch.randn(5, 2)
     f = model.decoder(z)
     ones, zeros = torch.ones(5, 3), torch.zeros(5, 3)
@@ -64,8 +64,21 @@ def test_bad_arguments():
     model = IVAE(3, 2, 2)
     with pytest.raises(ValueError, match="u must lie"):
         model(torch.zeros(1, 3), torch.tensor([5]))
-    with pytest.raises(ValueError, match="temperature"):
+    with pytest.raises(ValueError, match="tau"):
         perturbed_binary(torch.zeros(2), -1.0)
+
+
+def test_deprecated_temperature_names():
+    x = torch.randn(5)
+    new = perturbed_binary(x, 0.3, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(FutureWarning, match="temperature= is deprecated"):
+        old = perturbed_binary(x, temperature=0.3, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(old, new, rtol=0, atol=0)
+    with pytest.warns(FutureWarning, match="temperature= is deprecated"):
+        model = IVAE(3, 2, 2, likelihood="perturbed", temperature=0.2)
+    assert model.tau == 0.2 and model.temperature == 0.2
+    with pytest.raises(TypeError, match="tau"):
+        perturbed_binary(x)
 
 
 def test_trained_ivae_beats_chance(generator):
@@ -95,7 +108,7 @@ def test_digits_are_binary_and_split():
 @pytest.mark.parametrize("noise", [Logistic(), Normal()])
 @pytest.mark.parametrize("temperature", [0.0, 0.05, 1.0])
 def test_perturbed_likelihood_gradients_finite_at_extreme_logits(noise, temperature):
-    model = IVAE(4, 2, 2, hidden=4, likelihood="perturbed", noise=noise, temperature=temperature)
+    model = IVAE(4, 2, 2, hidden=4, likelihood="perturbed", noise=noise, tau=temperature)
     with torch.no_grad():
         model.decoder[-1].bias.copy_(torch.tensor([60.0, -60.0, 60.0, -60.0]))
     x = torch.tensor([[0.0, 1.0, 0.5, 1e-9], [1.0, 0.0, 0.999, 0.3]])
