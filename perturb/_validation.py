@@ -15,6 +15,11 @@ argument: the call returns without waiting, and a bad value surfaces as a device
 assertion (a ``RuntimeError`` "device-side assert triggered" at the next synchronisation, the
 message printed on stderr). As after any device-side assert, the CUDA context is unusable
 afterwards; to get a recoverable ``ValueError`` while debugging, run the call on CPU tensors.
+
+Inside ``torch.compile`` a host read would break the graph, so value checks are traced as
+``torch._assert_async`` there too (on any device): the compiled graph keeps the check without a
+graph break, and a bad value raises a ``RuntimeError`` carrying the same message. Shape, dtype
+and argument checks are plain Python and are guarded by the compiler as usual.
 """
 from __future__ import annotations
 
@@ -84,15 +89,26 @@ def _assert_on_device(ok: torch.Tensor, message: str) -> None:
     torch._assert_async(ok, message[:250])
 
 
+def _compiling() -> bool:
+    """Whether ``torch.compile`` is tracing the caller (a host read there is a graph break)."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):
+        return compiler.is_compiling()
+    return torch._dynamo.is_compiling()  # torch < 2.3
+
+
 def reads_stall(t: torch.Tensor) -> bool:
-    """Whether reading a value of ``t`` on the host would stall its device (CUDA): there, value
-    checks become device-side asserts and data-dependent shortcuts take their general path."""
-    return t.device.type in _ASYNC_DEVICES
+    """Whether reading a value of ``t`` on the host would stall its device (CUDA) or break a
+    ``torch.compile`` graph: there, value checks become device-side asserts
+    (``torch._assert_async``) and data-dependent shortcuts take their general path."""
+    return t.device.type in _ASYNC_DEVICES or _compiling()
 
 
 def _unreadable(t: torch.Tensor) -> bool:
     """Inside a ``torch.func`` transform (vmap, grad, jacrev): values cannot be read, so value
     checks are skipped there (the structural checks still run)."""
+    if _compiling():  # dynamo traces through functorch itself; no wrapped tensors reach here
+        return False
     return torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
@@ -230,14 +246,14 @@ def check_finite(w: torch.Tensor, name: str = "w", *, allow_neg_inf: bool = Fals
     overflow from bad values and NaN from inf in the message).
 
     CPU and other non-CUDA devices: one host read of that scalar, ValueError naming ``name``.
-    CUDA: no host synchronisation; ``torch._assert_async`` (see the module docstring), on the
-    maximum with ``allow_neg_inf``, else on ``isfinite(w).all()`` (a sum could overflow, and a
-    device assert cannot be taken back).
+    CUDA and inside ``torch.compile``: no host read; ``torch._assert_async`` (see the module
+    docstring), on the maximum with ``allow_neg_inf``, else on ``isfinite(w).all()`` (a sum
+    could overflow, and a device assert cannot be taken back).
     """
     if not w.numel() or _unreadable(w):
         return
     with torch.no_grad() if w.requires_grad else contextlib.nullcontext():  # no autograd node
-        if w.device.type in _ASYNC_DEVICES:
+        if reads_stall(w):
             ok = (w.amax() < math.inf) if allow_neg_inf else torch.isfinite(w).all()
             _assert_on_device(ok, f"perturb: {name} contains NaN or "
                               + ("+inf values (-inf masks are allowed)" if allow_neg_inf

@@ -23,7 +23,14 @@ import math
 import torch
 
 from perturb._deprecation import renamed
-from perturb._validation import check_choice, check_dim, check_int, check_positive, check_tau
+from perturb._validation import (
+    _compiling,
+    check_choice,
+    check_dim,
+    check_int,
+    check_positive,
+    check_tau,
+)
 from perturb.categorical import gaussian_softmax, gumbel_softmax
 from perturb.noise import Gumbel, Noise, Normal
 from perturb.regularizers import Entropy, Regularizer
@@ -173,6 +180,10 @@ class StochasticSoftmax(torch.nn.Module):
         self.schedule = schedule
         self.generator = generator
         self.steps = 0
+        # τ also lives in a 0-dim buffer, updated in place: a compiled forward reads the tensor,
+        # so a temperature schedule does not recompile the graph at every step
+        self.register_buffer("_tau_tensor", torch.ones((), dtype=torch.float64),
+                             persistent=False)
         self.tau = schedule(0) if schedule is not None else tau
 
     @property
@@ -182,7 +193,14 @@ class StochasticSoftmax(torch.nn.Module):
     @tau.setter
     def tau(self, value: float) -> None:
         check_tau(value)
-        self._tau = value
+        self._tau = float(value)
+        with torch.no_grad():
+            self._tau_tensor.fill_(self._tau)
+
+    def _tau_arg(self) -> float | torch.Tensor:
+        """τ as the solvers get it: the float in eager mode (no value check of a tensor), the
+        buffer under ``torch.compile`` (no recompilation when τ changes)."""
+        return self._tau_tensor if _compiling() else self._tau
 
     def step(self) -> float:
         """Advance the schedule by one step and set τ = schedule(steps); returns the new τ."""
@@ -194,12 +212,12 @@ class StochasticSoftmax(torch.nn.Module):
 
     def forward(self, theta: torch.Tensor) -> torch.Tensor:
         if self.training:
-            return relax(theta, self.structure, self.noise, self.regularizer, self.tau,
+            return relax(theta, self.structure, self.noise, self.regularizer, self._tau_arg(),
                          hard=self.hard, n_samples=self.n_samples, generator=self.generator,
                          backward=self.backward)
         if self.eval_mode == "argmax":
             return argmax(theta, self.structure)
-        return regularized_argmax(theta, self.structure, self.regularizer, self.tau,
+        return regularized_argmax(theta, self.structure, self.regularizer, self._tau_arg(),
                                   self.backward)
 
     def extra_repr(self) -> str:
@@ -228,7 +246,7 @@ class GumbelSoftmax(StochasticSoftmax):
         self.dim = dim
 
     def _sample(self, theta: torch.Tensor) -> torch.Tensor:
-        return gumbel_softmax(theta, self.tau, self.hard, self.dim, self.generator)
+        return gumbel_softmax(theta, self._tau_arg(), self.hard, self.dim, self.generator)
 
     def forward(self, theta: torch.Tensor) -> torch.Tensor:
         if self.training:
@@ -268,7 +286,8 @@ class GaussianSoftmax(GumbelSoftmax):
         return self.scale
 
     def _sample(self, theta: torch.Tensor) -> torch.Tensor:
-        return gaussian_softmax(theta, self.tau, self.scale, self.hard, self.dim, self.generator)
+        return gaussian_softmax(theta, self._tau_arg(), self.scale, self.hard, self.dim,
+                                self.generator)
 
     def extra_repr(self) -> str:
         return f"scale={self.scale}, " + super().extra_repr()
