@@ -146,7 +146,9 @@ class _Sparsemax(torch.autograd.Function):
     r"""p = sparsemax(z) = [z − ν]_+ over the last dim; backward :func:`_sparsemax_backward`.
 
     The Jacobian is diag(s) − s sᵀ/|S| with s the indicator of the support (Martins & Astudillo
-    2016, Prop. 2), defined wherever no coordinate sits exactly on the threshold.
+    2016, Prop. 2), defined wherever no coordinate sits exactly on the threshold. It is
+    symmetric, so the forward-mode product (``jvp``, for ``torch.func.jacfwd``) is the same
+    formula applied to the tangent.
     """
 
     generate_vmap_rule = True
@@ -158,6 +160,12 @@ class _Sparsemax(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
+
+    @staticmethod
+    def jvp(ctx, z_dot):
+        (p,) = ctx.saved_tensors
+        return _sparsemax_backward(p, z_dot)
 
     @staticmethod
     def backward(ctx, grad):
