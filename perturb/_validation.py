@@ -98,10 +98,11 @@ def _compiling() -> bool:
 
 
 def reads_stall(t: torch.Tensor) -> bool:
-    """Whether reading a value of ``t`` on the host would stall its device (CUDA) or break a
-    ``torch.compile`` graph: there, value checks become device-side asserts
-    (``torch._assert_async``) and data-dependent shortcuts take their general path."""
-    return t.device.type in _ASYNC_DEVICES or _compiling()
+    """Whether reading a value of ``t`` on the host would stall its device (CUDA), break a
+    ``torch.compile`` graph or fail inside a ``torch.func`` transform: there, value checks
+    become device-side asserts (``torch._assert_async``; skipped inside ``torch.func``) and
+    data-dependent shortcuts take their general path."""
+    return t.device.type in _ASYNC_DEVICES or _compiling() or _unreadable(t)
 
 
 def _unreadable(t: torch.Tensor) -> bool:
