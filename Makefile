@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean wordnet
+.PHONY: demo test bench venv clean wordnet docs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -37,6 +37,10 @@ demo: $(STAMP) wordnet
 # The suite and the docstring examples of the package, in one run.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests perturb --doctest-modules
+
+# The API reference (docs/api) from the docstrings; offline. CI checks it is up to date.
+docs: $(STAMP)
+	$(BIN)/python tools/gen_api.py
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[bench]" || echo "some peer libraries failed to install; their rows are skipped"
