@@ -48,7 +48,7 @@ from __future__ import annotations
 import numbers
 import os
 import warnings
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -242,7 +242,7 @@ class _FusedHardSoftmax(torch.autograd.Function):
         return _run(_backward, y, grad, ctx.tau), None, None, None, None
 
 
-def relax_softmax(theta: torch.Tensor, noise: object, tau: float | torch.Tensor, hard: bool,
+def relax_softmax(theta: torch.Tensor, noise: Any, tau: float | torch.Tensor, hard: bool,
                   generator: torch.Generator | None) -> torch.Tensor | None:
     """``relax(θ, Simplex(), noise, Entropy(), τ, hard, generator=generator)`` fused, or None.
 

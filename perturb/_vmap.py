@@ -20,17 +20,17 @@ def fold_vmap(fn: type[torch.autograd.Function], batched: Sequence[int]):
     batched = tuple(batched)
 
     def vmap(info: Any, in_dims: tuple, *args: Any):
-        args = list(args)
+        folded = list(args)
         for i, d in enumerate(in_dims):
             if d is not None and i not in batched:
                 raise ValueError(f"{fn.__name__}: argument {i} cannot be vmapped")
         for i in batched:
-            x, d = args[i], in_dims[i]
+            x, d = folded[i], in_dims[i]
             if not isinstance(x, torch.Tensor):
                 continue
-            args[i] = (x.movedim(d, 0) if d is not None
+            folded[i] = (x.movedim(d, 0) if d is not None
                        else x.unsqueeze(0).expand(info.batch_size, *x.shape))
-        out = fn.apply(*args)
+        out = fn.apply(*folded)
         dims = tuple(0 for _ in out) if isinstance(out, tuple) else 0
         return out, dims
 

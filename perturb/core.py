@@ -137,7 +137,9 @@ def _solve(entry: SolverEntry, mode: str, w: torch.Tensor, structure: Structure,
            regularizer: Regularizer, tau: float | torch.Tensor) -> torch.Tensor:
     """Run a resolved solver on checked arguments: float16 / bfloat16 scores (and autocast
     regions) in float32, the result in the scores' dtype (:mod:`perturb._precision`)."""
-    return solve_with_backward(lambda v, m: entry.solver(v, structure, regularizer, tau, m), w,
+    solver = entry.solver
+    assert solver is not None  # _resolve raised for the pairs registered as impossible
+    return solve_with_backward(lambda v, m: solver(v, structure, regularizer, tau, m), w,
                                mode, entry.backward, structure.event_dim, {"tau": tau})
 
 
@@ -226,7 +228,7 @@ def _relax(theta: torch.Tensor, structure: Structure, noise: Noise | None,
     noise = Gumbel() if noise is None else noise
     regularizer, entry, mode = _resolve(structure, regularizer, backward)
     if n_samples is None and mode == entry.backward[0]:
-        fused = _FUSED_RELAX.get(entry.solver)
+        fused = _FUSED_RELAX.get(entry.solver) if entry.solver is not None else None
         if fused is not None:
             y = fused(theta, noise, tau, hard, generator)
             if y is not None:

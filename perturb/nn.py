@@ -182,6 +182,7 @@ class StochasticSoftmax(torch.nn.Module):
         self.steps = 0
         # τ also lives in a 0-dim buffer, updated in place: a compiled forward reads the tensor,
         # so a temperature schedule does not recompile the graph at every step
+        self._tau_tensor: torch.Tensor
         self.register_buffer("_tau_tensor", torch.ones((), dtype=torch.float64),
                              persistent=False)
         self.tau = schedule(0) if schedule is not None else tau

@@ -135,7 +135,7 @@ def _noise_and_sigma(fn: str, noise: Any, sigma: float | None) -> tuple[Noise, f
     if isinstance(noise, numbers.Real) and not isinstance(noise, bool):
         if sigma is not None:
             raise TypeError(f"{fn}() got sigma twice (positionally and as sigma=)")
-        sigma, noise = noise, None
+        sigma, noise = float(noise), None
     if sigma is None:
         return (Gumbel() if noise is None else noise), 1.0
     warnings.warn(f"{fn}(): sigma= is deprecated and will be removed in perturb 0.3; the noise "
@@ -145,7 +145,7 @@ def _noise_and_sigma(fn: str, noise: Any, sigma: float | None) -> tuple[Noise, f
     return (Normal() if noise is None else noise), float(sigma)
 
 
-def _sample(argmax_fn: ArgmaxFn | Structure, theta: torch.Tensor, sigma: float,
+def _sample(argmax_fn: ArgmaxFn, theta: torch.Tensor, sigma: float,
             noise: Noise, n_samples: int, generator: torch.Generator | None,
             event_dim: int, batched: bool):
     """Validate, draw Z ``(n_samples, *theta.shape)``, return (noise, Z, y(θ + σZ)).

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.types import _size
 from torch.distributions import Distribution
 from torch.distributions.utils import lazy_property
 
@@ -49,7 +50,7 @@ __all__ = ["GibbsDistribution"]
 _CACHED = ("partition", "marginals")
 
 
-def _sample_count(sample_shape: torch.Size | tuple[int, ...]) -> tuple[torch.Size, int]:
+def _sample_count(sample_shape: _size) -> tuple[torch.Size, int]:
     """The sample shape as a ``torch.Size`` and its number of elements (ValueError if bad)."""
     try:
         shape = torch.Size(sample_shape)
@@ -218,7 +219,7 @@ class GibbsDistribution(Distribution):
         new.__dict__[self._param] = self._theta.double()
         return new
 
-    def sample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size(),
+    def sample(self, sample_shape: _size = torch.Size(),
                generator: torch.Generator | None = None) -> torch.Tensor:
         """Exact samples z ~ p, ``(*sample_shape, *batch, *event)``, 0/1 in θ's dtype, no grad.
 
@@ -235,7 +236,7 @@ class GibbsDistribution(Distribution):
             z = self._sample(None if not shape else count, generator)
         return z.reshape(out_shape)
 
-    def rsample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size()) -> torch.Tensor:
+    def rsample(self, sample_shape: _size = torch.Size()) -> torch.Tensor:
         """Not available: no exact reparameterisation of a Gibbs distribution over structures.
 
         Raises:
@@ -259,7 +260,7 @@ class GibbsDistribution(Distribution):
             z = z.expand(z.shape[:1] + self.batch_shape + self.event_shape)
         return z
 
-    def expand(self, batch_shape: torch.Size | tuple[int, ...], _instance=None):
+    def expand(self, batch_shape: _size, _instance=None):
         """A view with a larger batch shape (scores and cached results broadcast, not copied)."""
         new = self._get_checked_instance(type(self), _instance)
         batch_shape = torch.Size(batch_shape)

@@ -32,7 +32,10 @@ probable perturbed argmax).
 """
 from __future__ import annotations
 
+from typing import cast
+
 import torch
+from torch.types import _size
 from torch.distributions import Distribution
 
 from perturb._validation import check_choice, check_tau
@@ -125,7 +128,7 @@ class PerturbedStructure(Distribution):
         """The vertices Z of the structure (what ``sample`` returns; ``rsample`` is in conv Z)."""
         return StructureSupport(self.structure)
 
-    def sample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size(),
+    def sample(self, sample_shape: _size = torch.Size(),
                generator: torch.Generator | None = None) -> torch.Tensor:
         """Exact perturbed argmax X = argmax_z ⟨θ + ε, z⟩, no gradient.
 
@@ -144,7 +147,7 @@ class PerturbedStructure(Distribution):
                 self.structure.validate(u, "theta + noise")
             return self.structure.argmax(u).reshape(out_shape)
 
-    def rsample(self, sample_shape: torch.Size | tuple[int, ...] = torch.Size(),
+    def rsample(self, sample_shape: _size = torch.Size(),
                 generator: torch.Generator | None = None) -> torch.Tensor:
         """The relaxed sample X_τ = regularized argmax of θ + ε at τ (``perturb.relax``).
 
@@ -211,7 +214,7 @@ class PerturbedStructure(Distribution):
 
     def _log_probs(self) -> torch.Tensor:
         self._on_simplex("log_prob", gumbel_only=True)
-        return torch.log_softmax(self.theta / self.noise.scale, dim=-1)
+        return torch.log_softmax(self.theta / cast(Gumbel, self.noise).scale, dim=-1)
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         """log P(X = z) = ⟨z, log softmax(θ/β)⟩ for one-hot z (Gumbel noise on the simplex).
@@ -247,7 +250,7 @@ class PerturbedStructure(Distribution):
             z = z.expand(z.shape[:1] + self.batch_shape + self.event_shape)
         return z
 
-    def expand(self, batch_shape: torch.Size | tuple[int, ...], _instance=None):
+    def expand(self, batch_shape: _size, _instance=None):
         """A view with a larger batch shape (θ broadcast, not copied)."""
         new = self._get_checked_instance(PerturbedStructure, _instance)
         batch_shape = torch.Size(batch_shape)

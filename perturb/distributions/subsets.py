@@ -54,6 +54,7 @@ class KSubsetDistribution(GibbsDistribution):
 
     arg_constraints = {"logits": log_potential}
     _param = "logits"
+    logits: torch.Tensor
 
     def __init__(self, logits: torch.Tensor, k: int, validate_args: bool | None = None):
         validate = _resolve_validate(validate_args)

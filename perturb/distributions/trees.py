@@ -75,6 +75,7 @@ class SpanningTreeDistribution(GibbsDistribution):
 
     arg_constraints = {"log_potentials": log_potential}
     _param = "log_potentials"
+    log_potentials: torch.Tensor
 
     def __init__(self, log_potentials: torch.Tensor, validate_args: bool | None = None):
         validate = _resolve_validate(validate_args)
@@ -129,6 +130,7 @@ class ArborescenceDistribution(GibbsDistribution):
 
     arg_constraints = {"log_potentials": log_potential}
     _param = "log_potentials"
+    log_potentials: torch.Tensor
 
     def __init__(self, log_potentials: torch.Tensor, root: int = 0,
                  validate_args: bool | None = None):

@@ -44,9 +44,9 @@ def _hermite_rule(n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     """Probabilists' Gauss–Hermite nodes t_m and log weights log(w_m / √(2π)) (Σ w_m/√(2π) = 1)."""
     import numpy as np  # local: only needed for the rule itself
 
-    t, w = np.polynomial.hermite_e.hermegauss(n)
-    t = torch.as_tensor(t, dtype=torch.float64)
-    log_w = torch.as_tensor(np.log(w), dtype=torch.float64) - 0.5 * math.log(2 * math.pi)
+    nodes, weights = np.polynomial.hermite_e.hermegauss(n)
+    t = torch.as_tensor(nodes, dtype=torch.float64)
+    log_w = torch.as_tensor(np.log(weights), dtype=torch.float64) - 0.5 * math.log(2 * math.pi)
     return t.to(like.device, like.dtype), log_w.to(like.device, like.dtype)
 
 

@@ -53,7 +53,8 @@ LATENT_GRAPHS = ("tree", "independent", "topk")
 
 def _pairs(n: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Row and column indices of the upper triangle (i < j), in row-major order."""
-    return torch.triu_indices(n, n, 1, device=device).unbind(0)
+    rows, cols = torch.triu_indices(n, n, 1, device=device).unbind(0)
+    return rows, cols
 
 
 def _to_matrix(values: torch.Tensor, n: int) -> torch.Tensor:

@@ -112,7 +112,9 @@ class IVAE(nn.Module):
     def encode(self, x: torch.Tensor, u: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and log-variance of q(z | x, u), each ``(B, n_latent)``."""
-        inp = torch.cat([x, self._onehot(u, x)], -1) if self.conditional_prior else x
+        if self.conditional_prior and u is None:
+            raise ValueError("u (the segment ids) is required with conditional_prior=True")
+        inp = torch.cat([x, self._onehot(u, x)], -1) if u is not None and self.conditional_prior else x
         mean, logvar = self.encoder(inp).chunk(2, -1)
         return mean, logvar.clamp(-12, 8)
 

@@ -162,7 +162,9 @@ def make_listops(n_examples: int, max_depth: int = 3, max_args: int = 4, max_len
             0.0 <= leaf_prob <= 1.0):
         raise ValueError(f"leaf_prob must be a probability in [0, 1], got {leaf_prob!r}")
     draws = _Draws(generator)
-    seqs, heads, values = [], [], []
+    seqs: list[list[int]] = []
+    heads: list[list[int]] = []
+    values: list[int] = []
     while len(seqs) < n_examples:
         t: list[int] = []
         h: list[int] = []
