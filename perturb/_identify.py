@@ -20,15 +20,15 @@ How each is evaluated:
   (the Newton solve in log coordinates needs it), with the Hessian
   ``∂p_i/∂θ_j = −∫ f(x−θ_i) f(x−θ_j) Π_{k≠i,j} F(x−θ_k) dx`` (i ≠ j; rows sum to zero) on the
   same nodes. Noise with only ``argmax_probs`` gets a central finite-difference Jacobian.
-- What a noise can do is read from its declared capabilities (``has_cdf``, ``has_log_prob``,
-  ``has_icdf``, ``has_sample``, ``has_argmax_probs``, ... of :class:`perturb.noise.Noise`);
-  a duck-typed object that is not a ``Noise`` is wrapped by :func:`as_noise`, which declares
-  them from the methods and attributes the object defines.
 - Perturb-Softmax: randomized quasi-Monte Carlo with common random numbers: one scrambled
   Sobol point set, ``n_reps`` independent uniform shifts modulo 1 (Cranley-Patterson
   rotations), pushed through ``noise.icdf`` (plain ``noise.sample`` when there is no ``icdf``),
   fixed for the whole solve. The spread of the replicate means gives the standard error. Hessian
   ``(1/τ)(diag E[s] − E[s sᵀ])`` with s = softmax((θ+ε)/τ), on the same points.
+- What a noise can do is read from its declared capabilities (``has_cdf``, ``has_log_prob``,
+  ``has_icdf``, ``has_sample``, ``has_argmax_probs``, ... of :class:`perturb.noise.Noise`);
+  a duck-typed object that is not a ``Noise`` is wrapped by :func:`as_noise`, which declares
+  them from the methods and attributes the object defines.
 
 Everything runs in float64 on the CPU; these are diagnostics, not a hot path.
 """
@@ -110,6 +110,13 @@ def check_distribution(p: Any, name: str = "p", *, strict: bool = True) -> torch
     return q / total
 
 
+def _attr(obj: Any, name: str) -> Any:
+    try:
+        return getattr(obj, name, None)
+    except Exception:  # noqa: BLE001 - a property of a user object may raise
+        return None
+
+
 class _DuckNoise(Noise):
     """A :class:`~perturb.noise.Noise` view of a duck-typed noise object (not a subclass).
 
@@ -134,7 +141,10 @@ class _DuckNoise(Noise):
         self.has_argmax_probs = self.has_closed_form or (
             self.continuous and self.has_cdf and self.has_log_prob)
         var = _attr(obj, "variance")
-        self._variance = float(var) if isinstance(var, (int, float)) else None
+        try:
+            self._variance = None if var is None or callable(var) else float(var)
+        except (TypeError, ValueError, RuntimeError):
+            self._variance = None
         self.has_variance = self._variance is not None
         low, high = -math.inf, math.inf
         sup = _attr(obj, "support")
@@ -193,13 +203,6 @@ class _DuckNoise(Noise):
 
     def __repr__(self) -> str:
         return repr(self.obj)
-
-
-def _attr(obj: Any, name: str) -> Any:
-    try:
-        return getattr(obj, name, None)
-    except Exception:  # noqa: BLE001 - a property of a user object may raise
-        return None
 
 
 def as_noise(noise: Any) -> Noise:
