@@ -29,10 +29,10 @@ capabilities), :mod:`~perturb.noise.scale_families` (:class:`Gumbel`, :class:`No
 capabilities are declared.
 """
 from perturb._math import EULER_GAMMA
-from perturb.noise.base import Noise
+from perturb.noise.base import Noise, QuadratureLayout
 from perturb.noise.discrete import Discrete
 from perturb.noise.scale_families import Gaussian, Gumbel, Logistic, Normal
 from perturb.noise.uniform import Uniform
 
 __all__ = ["Noise", "Gumbel", "Normal", "Gaussian", "Logistic", "Uniform", "Discrete",
-           "EULER_GAMMA"]
+           "EULER_GAMMA", "QuadratureLayout"]

@@ -4,19 +4,20 @@ A noise declares what it can do with class attributes, as ``torch.distributions`
 ``has_rsample`` and ``has_enumerate_support``; code that consumes a noise (the generic
 quadrature, :mod:`perturb.checks`) reads these flags and never probes the methods:
 
-================== ======================================================================
-``continuous``     ε has a density: ties among perturbed scores have probability zero
-``bounded``        the support is a bounded interval (:attr:`Noise.support`)
-``has_log_prob``   :meth:`Noise.log_prob` is defined (a density, or a mass if not continuous)
-``has_cdf``        :meth:`Noise.cdf` is defined
-``has_icdf``       :meth:`Noise.icdf` is defined (sampling by inversion, quasi-Monte Carlo)
-``has_sample``     :meth:`Noise.sample` works (defined, or derived from ``icdf``)
-``has_variance``   :attr:`Noise.variance` is defined
-``has_closed_form`` ``argmax_probs``/``expected_max`` are computed without quadrature
-                   (closed forms, exact counting)
-``has_argmax_probs`` ``argmax_probs``/``expected_max`` are available: a closed form, or the
-                   quadrature (``continuous`` with ``has_cdf`` and ``has_log_prob``)
-================== ======================================================================
+====================== ==================================================================
+``continuous``         ε has a density: ties among perturbed scores have probability zero
+``bounded``            the support is a bounded interval (:attr:`Noise.support`)
+``has_log_prob``       :meth:`Noise.log_prob` is defined (a density, or a mass if not
+                       continuous)
+``has_cdf``            :meth:`Noise.cdf` is defined
+``has_icdf``           :meth:`Noise.icdf` is defined (sampling by inversion, quasi-Monte Carlo)
+``has_sample``         :meth:`Noise.sample` works (defined, or derived from ``icdf``)
+``has_variance``       :attr:`Noise.variance` is defined
+``has_closed_form``    ``argmax_probs``/``expected_max`` are computed without quadrature
+                       (closed forms, exact counting)
+``has_argmax_probs``   ``argmax_probs``/``expected_max`` are available: a closed form, or the
+                       quadrature (``continuous`` with ``has_cdf`` and ``has_log_prob``)
+====================== ==================================================================
 
 The built-in families declare every flag in their class body. A user subclass that leaves a
 flag out gets it from the base class at class creation: ``has_cdf`` is True when the subclass
