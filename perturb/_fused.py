@@ -53,7 +53,8 @@ from typing import Any, Callable
 import torch
 
 from perturb._validation import _Flag, _Switch
-from perturb.noise import Gumbel, Normal, _check_generator
+from perturb.noise import Gumbel, Normal
+from perturb.noise._args import _check_generator
 
 __all__ = ["set_compiled", "compiled_enabled", "relax_softmax"]
 

@@ -13,39 +13,38 @@ Two convex potentials (see :mod:`perturb.checks` and ``docs/identifiability.md``
 
 How each is evaluated:
 
-- Perturb-Argmax, continuous noise with ``cdf`` and ``log_prob``: one-dimensional composite
-  Gauss-Legendre quadrature in x of
-  ``p_i = ∫ f(x−θ_i) Π_{j≠i} F(x−θ_j) dx`` and
-  ``∂p_i/∂θ_j = −∫ f(x−θ_i) f(x−θ_j) Π_{k≠i,j} F(x−θ_k) dx`` (i ≠ j; rows sum to zero),
-  with panel edges at the kinks of bounded noise, so that both are exact to ~1e-13.
-  This is not ``noise.argmax_probs``: it works in log space (``log p_i`` keeps its relative
-  accuracy for ``p_i`` down to 1e-300, which the Newton solve in log coordinates needs, where
-  the grid of :mod:`perturb.noise` covers the max only and is accurate in absolute terms), gives
-  the Hessian in closed form, and takes duck-typed noise with only ``cdf``/``log_prob``. The
-  Gauss-Legendre rule itself is shared (:mod:`perturb._noise_quadrature`).
-  Noise with only ``argmax_probs`` gets a central finite-difference Jacobian.
+- Perturb-Argmax, continuous noise with ``cdf`` and ``log_prob``: the quadrature of
+  :mod:`perturb.noise` (``perturb.noise._quadrature.log_argmax_probs``: one rule for
+  ``argmax_probs``, ``expected_max`` and this) in its log-space form, which covers every
+  coordinate's range so that ``log p_i`` keeps its relative accuracy for ``p_i`` down to 1e-300
+  (the Newton solve in log coordinates needs it), with the Hessian
+  ``∂p_i/∂θ_j = −∫ f(x−θ_i) f(x−θ_j) Π_{k≠i,j} F(x−θ_k) dx`` (i ≠ j; rows sum to zero) on the
+  same nodes. Noise with only ``argmax_probs`` gets a central finite-difference Jacobian.
 - Perturb-Softmax: randomized quasi-Monte Carlo with common random numbers: one scrambled
   Sobol point set, ``n_reps`` independent uniform shifts modulo 1 (Cranley-Patterson
   rotations), pushed through ``noise.icdf`` (plain ``noise.sample`` when there is no ``icdf``),
   fixed for the whole solve. The spread of the replicate means gives the standard error. Hessian
   ``(1/τ)(diag E[s] − E[s sᵀ])`` with s = softmax((θ+ε)/τ), on the same points.
+- What a noise can do is read from its declared capabilities (``has_cdf``, ``has_log_prob``,
+  ``has_icdf``, ``has_sample``, ``has_argmax_probs``, ... of :class:`perturb.noise.Noise`);
+  a duck-typed object that is not a ``Noise`` is wrapped by :func:`as_noise`, which declares
+  them from the methods and attributes the object defines.
 
 Everything runs in float64 on the CPU; these are diagnostics, not a hot path.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
-from perturb._noise_quadrature import _pieces
 from perturb._validation import check_choice, check_int, check_tau
+from perturb.noise import Noise, _quadrature
 
 PARAM_SPACES = ("free", "last_zero", "sum_zero")
 KINDS = ("softmax", "argmax")
 _DT = torch.float64
-_GL_NODES = 16
 
 
 class IdentifyResult(NamedTuple):
@@ -111,104 +110,139 @@ def check_distribution(p: Any, name: str = "p", *, strict: bool = True) -> torch
     return q / total
 
 
-def has(noise: Any, name: str) -> bool:
-    """``noise.name`` exists and is implemented (the :class:`perturb.noise.Noise` base class
-    defines ``cdf``/``log_prob``/``icdf`` as methods raising NotImplementedError)."""
-    fn = getattr(noise, name, None)
-    if not callable(fn):
-        return False
-    probe = torch.tensor([0.5, 0.25], dtype=_DT)
+def _attr(obj: Any, name: str) -> Any:
     try:
-        fn(probe)
-    except NotImplementedError:
-        return False
-    except Exception:  # noqa: BLE001 - implemented, just unhappy with the probe
-        return True
-    return True
+        return getattr(obj, name, None)
+    except Exception:  # noqa: BLE001 - a property of a user object may raise
+        return None
 
 
-def _works(noise: Any, name: str, *args: Any) -> bool:
-    fn = getattr(noise, name, None)
-    if not callable(fn):
-        return False
-    try:
-        fn(*args)
-    except (NotImplementedError, ValueError, TypeError):
-        return False
-    return True
+class _DuckNoise(Noise):
+    """A :class:`~perturb.noise.Noise` view of a duck-typed noise object (not a subclass).
+
+    Its capabilities are declared from what the object *defines* (callable ``sample``,
+    ``icdf``, ``cdf``, ``log_cdf``, ``log_prob``, ``argmax_probs``; the attributes ``variance``,
+    ``bounded``, ``support`` or ``low``/``high``, ``continuous``, ``breakpoints``), never by
+    calling it; the methods forward to it, with results as float tensors.
+    """
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+        fns = {name: getattr(obj, name, None) for name in
+               ("sample", "icdf", "cdf", "log_cdf", "log_prob", "argmax_probs")}
+        self._fns = {k: f for k, f in fns.items() if callable(f)}
+        self.has_sample = "sample" in self._fns or "icdf" in self._fns
+        self.has_icdf = "icdf" in self._fns
+        self.has_cdf = "cdf" in self._fns
+        self.has_log_prob = "log_prob" in self._fns
+        self.has_closed_form = "argmax_probs" in self._fns
+        continuous = _attr(obj, "continuous")
+        self.continuous = continuous if isinstance(continuous, bool) else True
+        self.has_argmax_probs = self.has_closed_form or (
+            self.continuous and self.has_cdf and self.has_log_prob)
+        var = _attr(obj, "variance")
+        try:
+            self._variance = None if var is None or callable(var) else float(var)
+        except (TypeError, ValueError, RuntimeError):
+            self._variance = None
+        self.has_variance = self._variance is not None
+        low, high = -math.inf, math.inf
+        sup = _attr(obj, "support")
+        if isinstance(sup, (tuple, list)) and len(sup) == 2:
+            low, high = float(sup[0]), float(sup[1])
+        if not math.isfinite(low) and isinstance(_attr(obj, "low"), (int, float)):
+            low = float(obj.low)
+        if not math.isfinite(high) and isinstance(_attr(obj, "high"), (int, float)):
+            high = float(obj.high)
+        self._support = (low, high)
+        self.bounded = bool(_attr(obj, "bounded")) or (math.isfinite(low) and math.isfinite(high))
+        self.breakpoints = tuple(_attr(obj, "breakpoints") or ())
+
+    def _call(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        fn = self._fns.get(name)
+        if fn is None:
+            return getattr(super(), name)(x)
+        return torch.as_tensor(fn(x)).to(dtype=x.dtype, device=x.device)
+
+    def sample(self, shape: Any, *, generator: torch.Generator | None = None,
+               device: torch.device | str | None = None,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+        if "sample" in self._fns:
+            return torch.as_tensor(self._fns["sample"](shape, generator=generator, device=device,
+                                                       dtype=dtype))
+        return super().sample(shape, generator=generator, device=device, dtype=dtype)
+
+    def icdf(self, u: torch.Tensor) -> torch.Tensor:
+        return self._call("icdf", u)
+
+    def cdf(self, x: torch.Tensor) -> torch.Tensor:
+        return self._call("cdf", x)
+
+    def log_cdf(self, x: torch.Tensor) -> torch.Tensor:
+        if "log_cdf" in self._fns:
+            return self._call("log_cdf", x)
+        return torch.log(self.cdf(x).clamp(0.0, 1.0))
+
+    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        return self._call("log_prob", x)
+
+    def _argmax_probs(self, theta: torch.Tensor) -> torch.Tensor:
+        if self.has_closed_form:
+            return torch.as_tensor(self._fns["argmax_probs"](theta)).to(theta.dtype)
+        return super()._argmax_probs(theta)
+
+    @property
+    def variance(self) -> float:
+        if self._variance is None:
+            return super().variance
+        return self._variance
+
+    @property
+    def support(self) -> tuple[float, float]:
+        return self._support
+
+    def __repr__(self) -> str:
+        return repr(self.obj)
 
 
-def _can_sample(noise: Any) -> bool:
-    fn = getattr(noise, "sample", None)
-    if not callable(fn):
-        return False
-    try:
-        fn((1, 2), generator=torch.Generator().manual_seed(0), device="cpu", dtype=_DT)
-    except NotImplementedError:
-        return False
-    except Exception:  # noqa: BLE001 - implemented; errors surface later with context
-        return True
-    return True
+def as_noise(noise: Any) -> Noise:
+    """``noise`` itself when it is a :class:`~perturb.noise.Noise`, else a :class:`_DuckNoise`."""
+    return noise if isinstance(noise, Noise) else _DuckNoise(noise)
 
 
-def check_noise(noise: Any, kind: str) -> None:
-    """The noise must offer what the chosen model needs (duck-typed, like torch.distributions)."""
+def check_noise(noise: Noise, kind: str) -> None:
+    """The noise must declare what the chosen model needs (``noise`` from :func:`as_noise`)."""
     if kind == "softmax":
-        if not (has(noise, "icdf") or _can_sample(noise)):
+        if not noise.has_sample:
             raise ValueError(f"kind='softmax' needs a noise with sample(shape, generator=, device=, "
                              f"dtype=) or icdf(u); {noise!r} has neither")
         return
-    exact = has(noise, "cdf") and has(noise, "log_prob")
-    if not (exact or _works(noise, "argmax_probs", torch.zeros(2, dtype=_DT))):
+    if not noise.has_argmax_probs:
         raise ValueError(f"kind='argmax' needs a noise with cdf(x) and log_prob(x) (for quadrature) "
                          f"or argmax_probs(theta); {noise!r} has neither")
 
 
-def is_discrete(noise: Any) -> bool:
-    if getattr(noise, "continuous", None) is False:
-        return True
-    return not has(noise, "log_prob")
+def is_discrete(noise: Noise) -> bool:
+    """No density: ∇F of Perturb-Argmax is piecewise constant (or only ``argmax_probs`` known)."""
+    return not (noise.continuous and noise.has_log_prob)
 
 
-def _attr(noise: Any, name: str) -> Any:
-    try:
-        return getattr(noise, name, None)
-    except Exception:  # noqa: BLE001 - properties of the Noise base class raise when undefined
-        return None
-
-
-def support(noise: Any) -> tuple[float, float]:
-    """(low, high) of the noise support; ±inf when unbounded or unknown."""
-    low, high = -math.inf, math.inf
-    sup = _attr(noise, "support")
-    if isinstance(sup, (tuple, list)) and len(sup) == 2:
-        low, high = float(sup[0]), float(sup[1])
-    elif has(noise, "icdf"):
-        try:
-            vals = noise.icdf(torch.tensor([0.0, 1.0], dtype=_DT))
-            low, high = float(vals[0]), float(vals[1])
-        except Exception:  # noqa: BLE001 - icdf(0)/icdf(1) may legitimately raise
-            pass
-    if not math.isfinite(low) and isinstance(_attr(noise, "low"), (int, float)):
-        low = float(noise.low)
-    if not math.isfinite(high) and isinstance(_attr(noise, "high"), (int, float)):
-        high = float(noise.high)
+def support(noise: Noise) -> tuple[float, float]:
+    """(low, high) of the noise support; ±inf when unbounded."""
+    low, high = (float(s) for s in noise.support)
     return (low if math.isfinite(low) else -math.inf, high if math.isfinite(high) else math.inf)
 
 
-def is_bounded(noise: Any) -> bool:
-    if _attr(noise, "bounded"):
+def is_bounded(noise: Noise) -> bool:
+    if noise.bounded:
         return True
     low, high = support(noise)
     return math.isfinite(low) and math.isfinite(high)
 
 
-def noise_std(noise: Any) -> float:
-    var = _attr(noise, "variance")
-    try:
-        v = float(var) if var is not None and not callable(var) else float("nan")
-    except (TypeError, ValueError):
-        v = float("nan")
+def noise_std(noise: Noise) -> float:
+    """The standard deviation of ε when declared (``has_variance``) and positive, else 1."""
+    v = float(noise.variance) if noise.has_variance else math.nan
     return math.sqrt(v) if math.isfinite(v) and v > 0 else 1.0
 
 
@@ -234,80 +268,26 @@ def tangent_basis(d: int, param_space: str) -> torch.Tensor:
     return q
 
 
-# ------------------------------------------------------------------------------ noise helpers
+# --------------------------------------------------------------------------- Perturb-Argmax
 
-def _as(noise_fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    return torch.as_tensor(noise_fn(x)).to(_DT)
-
-
-def _log_cdf(noise: Any, x: torch.Tensor) -> torch.Tensor:
-    fn = getattr(noise, "log_cdf", None)
-    if has(noise, "log_cdf"):
-        return _as(fn, x)
-    return torch.log(_as(noise.cdf, x).clamp(0.0, 1.0))
-
-
-def _log_prob(noise: Any, x: torch.Tensor) -> torch.Tensor:
-    return _as(noise.log_prob, x).nan_to_num(nan=-math.inf)
-
-
-def _quad_grid(theta: torch.Tensor, noise: Any, panel: float | None) -> tuple[torch.Tensor,
-                                                                              torch.Tensor]:
-    low, high = support(noise)
-    icdf = noise.icdf if has(noise, "icdf") else None
-    std = noise_std(noise)
-    if not math.isfinite(low):
-        low = float(icdf(torch.tensor([1e-16], dtype=_DT))[0]) if icdf else -12.0 * std
-    if not math.isfinite(high):
-        high = float(icdf(torch.tensor([1.0 - 2.0 ** -50], dtype=_DT))[0]) if icdf \
-            else 40.0 * std
-    lo, hi = float(theta.min()) + low, float(theta.max()) + high
-    panel = 0.25 * std if panel is None else panel
-    n = max(4, math.ceil((hi - lo) / panel))
-    edges = torch.linspace(lo, hi, n + 1, dtype=_DT)
-    if is_bounded(noise):  # kinks of bounded densities become panel edges: exact for polynomials
-        kinks = torch.cat([theta + low, theta + high])
-        edges = torch.unique(torch.cat([edges, kinks]))
-    return _pieces(edges, _GL_NODES)   # the Gauss–Legendre rule of perturb.noise
-
-
-def argmax_quadrature(theta: torch.Tensor, noise: Any, *, panel: float | None = None,
+def argmax_quadrature(theta: torch.Tensor, noise: Noise, *, refine: int = 1,
                       jacobian: bool = True) -> tuple[torch.Tensor, torch.Tensor,
                                                       torch.Tensor | None]:
-    """(p, log p, H) of Perturb-Argmax at θ by quadrature; H = ∂p/∂θ (symmetric, rows sum to 0).
-
-    Shape: θ ``(d,)`` -> ``(d,)``, ``(d,)``, ``(d, d)``.
-    """
-    x, w = _quad_grid(theta, noise, panel)
-    u = x[:, None] - theta[None, :]                              # (n, d)
-    log_f, log_F = _log_prob(noise, u), _log_cdf(noise, u)
-    log_r = torch.where(torch.isneginf(log_f), torch.full_like(log_f, -math.inf), log_f - log_F)
-    log_r = log_r.nan_to_num(nan=-math.inf, posinf=-math.inf)
-    log_P = log_F.sum(-1)                                        # log Π_j F(x − θ_j)
-    log_wP = torch.log(w) + log_P                                # (n,)
-    log_p = torch.logsumexp(log_wP[:, None] + log_r, dim=0)
-    p = log_p.exp()
-    if not jacobian:
-        return p, log_p, None
-    g = torch.exp(0.5 * log_wP[:, None] + log_r).nan_to_num(0.0)  # sqrt(w P) f/F
-    m = g.T @ g                                                  # ∫ f_i f_j Π_{k≠i,j} F_k, i≠j
-    m.fill_diagonal_(0.0)
-    hess = torch.diag(m.sum(-1)) - m
-    return p, log_p, hess
+    """(p, log p, H) of Perturb-Argmax at θ by the quadrature of :mod:`perturb.noise`;
+    H = ∂p/∂θ (symmetric, rows sum to 0). Shape: θ ``(d,)`` -> ``(d,)``, ``(d,)``, ``(d, d)``."""
+    return _quadrature.log_argmax_probs(noise, theta.to(_DT), hessian=jacobian, refine=refine)
 
 
-def argmax_probs_exact(theta: torch.Tensor, noise: Any) -> torch.Tensor:
-    """P(argmax = i): ``noise.argmax_probs`` when the noise has it, else quadrature."""
-    fn = getattr(noise, "argmax_probs", None)
-    if callable(fn):
-        return torch.as_tensor(fn(theta.to(_DT))).to(_DT)
-    return argmax_quadrature(theta, noise, jacobian=False)[0]
+def argmax_probs_exact(theta: torch.Tensor, noise: Noise) -> torch.Tensor:
+    """P(argmax = i) through the user-facing ``noise.argmax_probs``."""
+    return torch.as_tensor(noise.argmax_probs(theta.to(_DT))).to(_DT)
 
 
-def argmax_stats(theta: torch.Tensor, noise: Any, *, jacobian: bool = True, fd_step: float = 1e-5
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(p, log p, H) by quadrature when possible, else argmax_probs + finite differences."""
-    if has(noise, "cdf") and not is_discrete(noise):
+def argmax_stats(theta: torch.Tensor, noise: Noise, *, jacobian: bool = True,
+                 fd_step: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(p, log p, H) by quadrature when the noise declares a density and a CDF, else
+    ``argmax_probs`` and a central finite-difference Jacobian."""
+    if noise.has_cdf and not is_discrete(noise):
         return argmax_quadrature(theta, noise, jacobian=jacobian)
     p = argmax_probs_exact(theta, noise)
     log_p = torch.log(p)
@@ -330,7 +310,7 @@ class SoftmaxEstimator:
     and standard errors are the replicate spread / sqrt(n_reps).
     """
 
-    def __init__(self, noise: Any, d: int, tau: float, *, n_samples: int = 2 ** 12,
+    def __init__(self, noise: Noise, d: int, tau: float, *, n_samples: int = 2 ** 12,
                  n_reps: int = 8, generator: torch.Generator | None = None) -> None:
         check_tau(tau)
         self.tau, self.d = float(tau), d
@@ -357,18 +337,17 @@ class SoftmaxEstimator:
         return out
 
 
-def draw_noise(noise: Any, shape: tuple[int, int, int], generator: torch.Generator | None
+def draw_noise(noise: Noise, shape: tuple[int, int, int], generator: torch.Generator | None
                ) -> torch.Tensor:
     """ε of ``shape`` = (replicates, points, d): scrambled Sobol + icdf, else ``noise.sample``."""
-    icdf = getattr(noise, "icdf", None)
     reps, n, d = shape
-    if has(noise, "icdf") and d <= 21201:
+    if noise.has_icdf and d <= 21201:
         seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=generator))
         base = torch.quasirandom.SobolEngine(d, scramble=True, seed=seed).draw(n, dtype=_DT)
         shift = torch.rand(reps, 1, d, generator=generator, dtype=_DT)  # Cranley-Patterson
         tiny = 2.0 ** -53
         u = torch.remainder(base[None] + shift, 1.0).clamp(tiny, 1.0 - tiny)
-        eps = torch.as_tensor(icdf(u)).to(_DT)
+        eps = torch.as_tensor(noise.icdf(u)).to(_DT)
     else:
         eps = torch.as_tensor(noise.sample(shape, generator=generator, device="cpu", dtype=_DT))
         eps = eps.to(_DT)
@@ -383,7 +362,7 @@ def draw_noise(noise: Any, shape: tuple[int, int, int], generator: torch.Generat
 class Model:
     """∇F and its Jacobian for one (noise, kind, τ); softmax uses fixed QMC points."""
 
-    def __init__(self, noise: Any, d: int, kind: str, tau: float, *, n_samples: int = 2 ** 12,
+    def __init__(self, noise: Noise, d: int, kind: str, tau: float, *, n_samples: int = 2 ** 12,
                  n_reps: int = 8, generator: torch.Generator | None = None) -> None:
         self.noise, self.d, self.kind, self.tau = noise, d, kind, float(tau)
         self.exact = kind == "argmax"
@@ -411,7 +390,7 @@ class Model:
 
 # ------------------------------------------------------------------------------ the inverse
 
-def initial_theta(p: torch.Tensor, noise: Any) -> torch.Tensor:
+def initial_theta(p: torch.Tensor, noise: Noise) -> torch.Tensor:
     """Gumbel-argmax inverse log(p/p_d), rescaled to the noise's spread (and its support)."""
     theta = torch.log(p) - torch.log(p[-1])
     theta = theta * (noise_std(noise) / (math.pi / math.sqrt(6.0)))

@@ -39,6 +39,7 @@ import torch
 from perturb import _identify as _I
 from perturb._identify import IdentifyResult
 from perturb._validation import check_int, check_positive, check_real, check_tau
+from perturb.noise import Noise
 
 __all__ = [
     "check_completeness", "check_minimality", "identify",
@@ -127,13 +128,16 @@ class MinimalityReport(_Report):
         return self._body("minimal", self.minimal, self.witness)
 
 
-def _common_checks(noise: Any, d: int, kind: str, param_space: str, tau: float) -> int:
+def _common_checks(noise: Any, d: int, kind: str, param_space: str, tau: float
+                   ) -> tuple[int, Noise]:
+    """Validated ``d`` and the noise as a :class:`~perturb.noise.Noise` (declared capabilities)."""
     _I.check_kind(kind)
     _I.check_space(param_space)
     check_tau(tau)
     d = _I.check_d(d)
-    _I.check_noise(noise, kind)
-    return d
+    model_noise = _I.as_noise(noise)
+    _I.check_noise(model_noise, kind)
+    return d, model_noise
 
 
 def _gen(generator: torch.Generator | None) -> torch.Generator:
@@ -191,6 +195,7 @@ def identify(p: torch.Tensor, noise: Any, kind: str = "softmax", tau: float = 1.
     _I.check_kind(kind)
     check_tau(tau)
     q = _I.check_distribution(p, "p")
+    noise = _I.as_noise(noise)
     _I.check_noise(noise, kind)
     check_positive(tol, "tol")
     check_int(max_iter, "max_iter", low=1)
@@ -209,7 +214,7 @@ def identify(p: torch.Tensor, noise: Any, kind: str = "softmax", tau: float = 1.
     return IdentifyResult(theta.to(**out_kw) if out_kw else theta, residual, converged, se)
 
 
-def _measure(theta: torch.Tensor, q: torch.Tensor, model: _I.Model, noise: Any, kind: str,
+def _measure(theta: torch.Tensor, q: torch.Tensor, model: _I.Model, noise: Noise, kind: str,
              tau: float, n_samples: int, n_reps: int, g: torch.Generator) -> tuple[float, float]:
     """(max |∇F(θ) − q|, its standard error); softmax on fresh QMC points."""
     if kind == "argmax":
@@ -280,7 +285,7 @@ def check_completeness(noise: Any, d: int, kind: str = "softmax", param_space: s
         >>> check_completeness(Normal(), 3, kind="argmax").complete
         True
     """
-    d = _common_checks(noise, d, kind, param_space, tau)
+    d, model_noise = _common_checks(noise, d, kind, param_space, tau)
     check_int(n_interior, "n_interior", low=0)
     n_vertices = check_int(n_vertices, "n_vertices", low=0, high=d)
     for eta in vertex_eps:
@@ -289,8 +294,9 @@ def check_completeness(noise: Any, d: int, kind: str = "softmax", param_space: s
     g = _gen(generator)
     targets = _targets(d, n_interior, tuple(vertex_eps), n_vertices, g)
     report = CompletenessReport(noise, d, kind, param_space, float(tau))
+    noise = model_noise
     if kind == "argmax" and _I.is_discrete(noise):
-        return _discrete_completeness(report, targets, g)
+        return _discrete_completeness(report, noise, targets, g)
     per_target, worst = [], (-1.0, None)
     max_se = 0.0
     for name, p in targets:
@@ -323,12 +329,12 @@ def check_completeness(noise: Any, d: int, kind: str = "softmax", param_space: s
     return report
 
 
-def _discrete_completeness(report: CompletenessReport, targets: list, g: torch.Generator
-                           ) -> CompletenessReport:
-    noise, d = report.noise, report.d
+def _discrete_completeness(report: CompletenessReport, noise: Noise, targets: list,
+                           g: torch.Generator) -> CompletenessReport:
+    d = report.d
     low, high = _I.support(noise)
     width = (high - low) if math.isfinite(high - low) and high > low else 2.0
-    values = getattr(noise, "values", None)
+    values = getattr(report.noise, "values", None)
     if d == 2 and values is not None:  # every cell of θ_1 − θ_2: the breakpoints and between
         v = torch.as_tensor(values, dtype=_DT).flatten()
         bps = torch.unique((v[:, None] - v[None, :]).flatten())
@@ -376,7 +382,7 @@ def _discrete_completeness(report: CompletenessReport, targets: list, g: torch.G
 
 # ---------------------------------------------------------------------------------- minimality
 
-def _same(model: _I.Model, noise: Any, kind: str, a: torch.Tensor, b: torch.Tensor,
+def _same(model: _I.Model, noise: Noise, kind: str, a: torch.Tensor, b: torch.Tensor,
           rtol: float = 1e-9, atol: float = 1e-12) -> tuple[bool, torch.Tensor, torch.Tensor]:
     """Equal distributions at a and b: in log space (exact zeros must match), and for argmax
     also through the user-facing ``noise.argmax_probs``."""
@@ -444,14 +450,15 @@ def check_minimality(noise: Any, d: int, kind: str = "softmax", param_space: str
         tensor([0., 0., 0.], dtype=torch.float64)
     """
     check_real(eig_tol, "eig_tol", low=0.0)
-    d = _common_checks(noise, d, kind, param_space, tau)
+    d, model_noise = _common_checks(noise, d, kind, param_space, tau)
     check_int(n_points, "n_points", low=0)
     check_positive(scale, "scale")
     g = _gen(generator)
+    report = MinimalityReport(noise, d, kind, param_space, float(tau))
+    noise = model_noise
     model = _I.Model(noise, d, kind, tau, n_samples=n_samples, n_reps=n_reps, generator=g)
     basis = _I.tangent_basis(d, param_space)
     std = _I.noise_std(noise)
-    report = MinimalityReport(noise, d, kind, param_space, float(tau))
     tried: list[str] = []
 
     # 1. strict convexity on Θ
@@ -470,8 +477,8 @@ def check_minimality(noise: Any, d: int, kind: str = "softmax", param_space: str
         lam_reps = _restricted_eigs(rep, basis)[:, 0]
         lam_se = float(lam_reps.std() / math.sqrt(lam_reps.shape[0]))
         how = "QMC replicate spread"
-    elif not _I.is_discrete(noise) and _I.has(noise, "cdf"):
-        fine = _I.argmax_quadrature(th_min, noise, panel=0.125 * std)[2]
+    elif not _I.is_discrete(noise) and noise.has_cdf:
+        fine = _I.argmax_quadrature(th_min, noise, refine=2)[2]
         lam_se = abs(float(_restricted_eigs(fine, basis)[0]) - lam)
         how = "change under a 2x finer quadrature"
     else:

@@ -37,7 +37,8 @@ import torch
 from perturb._precision import full_precision
 from perturb._validation import check_choice, check_int, check_scores, check_tau
 from perturb.backward import BACKWARD_MODES, resolve_backward, solve_with_backward, straight_through
-from perturb.noise import Discrete, Gumbel, Logistic, Noise, Normal, Uniform, _check_generator
+from perturb.noise import Discrete, Gumbel, Logistic, Noise, Normal, Uniform
+from perturb.noise._args import _check_generator
 from perturb.regularizers import Regularizer
 from perturb.structures import Simplex, SolverEntry, Structure, get_solver
 

@@ -16,7 +16,7 @@ from perturb.checks import (
     check_minimality,
     identify,
 )
-from perturb.noise import Discrete, Gumbel, Logistic, Normal, Uniform
+from perturb.noise import Discrete, Gumbel, Logistic, Noise, Normal, Uniform
 
 F64 = torch.float64
 FAST = {"n_samples": 2 ** 9, "n_reps": 8}          # QMC settings for the softmax checks
@@ -279,3 +279,116 @@ def test_user_noise_with_cdf_and_log_prob_argmax():
     freq = torch.bincount((res.theta + eps).argmax(-1), minlength=3).to(F64) / eps.shape[0]
     assert float((freq - torch.tensor([0.3, 0.2, 0.5], dtype=F64)).abs().max()) \
         < 5 * 0.5 / math.sqrt(eps.shape[0])
+
+
+# ------------------------------------------------- one quadrature, declared capabilities
+
+# Computed on main at 0461c72, before the noise package: identify(p, noise, kind="argmax")
+# (θ with θ_d = 0) and the smallest Hessian eigenvalue of check_minimality(noise, 3,
+# kind="argmax", n_points=3, generator=manual_seed(0)); then by a separate quadrature in
+# perturb/_identify.py (panels of 0.25 std, 16 nodes). The values must not move beyond the
+# accuracy of either rule.
+_MAIN_THETA = [
+    (Normal(), [0.05, 0.15, 0.3, 0.2, 0.3],
+     [-1.1358019488990654, -0.4865734746473811, 0.0, -0.2932842396066442, 0.0]),
+    (Logistic(0.6), [1e-12, 1e-6, 0.3, 0.7 - 1e-6 - 1e-12],
+     [-16.918287548448305, -8.628973262634444, -0.7581664997544955, 0.0]),
+    (Uniform(), [0.2, 0.3, 0.5], [-0.4317518227663526, -0.25563033135879976, 0.0]),
+]
+_MAIN_MIN_EIGENVALUE = [(Normal(), 0.0028495501996448), (Logistic(0.6), 0.0030428955891380616),
+                        (Gumbel(0.5), 0.007492397348436694)]
+
+
+@pytest.mark.parametrize("noise, p, theta", _MAIN_THETA, ids=lambda x: repr(x)[:20])
+def test_identify_same_as_before_the_refactor(noise, p, theta):
+    res = identify(torch.tensor(p, dtype=F64), noise, kind="argmax")
+    assert res.converged
+    torch.testing.assert_close(res.theta, torch.tensor(theta, dtype=F64), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("noise, lam", _MAIN_MIN_EIGENVALUE, ids=lambda x: repr(x)[:20])
+def test_minimality_same_as_before_the_refactor(noise, lam):
+    rep = check_minimality(noise, 3, kind="argmax", n_points=3, generator=_g())
+    assert rep.minimal
+    assert rep.details["min_eigenvalue"] == pytest.approx(lam, rel=1e-12, abs=1e-15)
+    assert rep.details["min_eigenvalue_uncertainty"] < 1e-15   # the 2x refined rule agrees
+
+
+def test_checks_use_the_noise_quadrature():
+    # one rule: the model's p equals noise.argmax_probs, its Hessian the autograd Jacobian of it
+    from perturb import _identify
+    from perturb.noise import _quadrature
+
+    theta = torch.tensor([0.3, -1.0, 0.0], dtype=F64)
+    for noise in (Normal(), Logistic(), Uniform()):
+        p, _, hess = _identify.argmax_quadrature(theta, noise)
+        torch.testing.assert_close(p, noise.argmax_probs(theta), atol=1e-13, rtol=0)
+        jac = torch.autograd.functional.jacobian(noise.argmax_probs, theta)
+        torch.testing.assert_close(hess, jac, atol=1e-11, rtol=0)
+        ref = _quadrature.log_argmax_probs(noise, theta)
+        assert all(torch.equal(a, b) for a, b in zip((p, hess), (ref[0], ref[2])))
+
+
+class _SechNoise(Noise):
+    """A user Noise subclass with only sample, cdf and log_prob (hyperbolic secant, variance 1)."""
+
+    def sample(self, shape, *, generator=None, device=None, dtype=None):
+        u = torch.rand(shape, generator=generator, dtype=dtype or F64)
+        return (2 / math.pi) * torch.log(torch.tan(math.pi * u / 2))
+
+    def cdf(self, x):
+        return (2 / math.pi) * torch.atan(torch.exp(math.pi * x / 2))
+
+    def log_prob(self, x):
+        return -math.log(2.0) - torch.log(torch.cosh(math.pi * x / 2))
+
+
+def test_user_noise_subclass_with_sample_cdf_log_prob_works_in_checks():
+    noise = _SechNoise()
+    assert noise.has_argmax_probs and not noise.has_icdf and not noise.has_variance
+    target = torch.tensor([0.3, 0.2, 0.5], dtype=F64)
+    res = identify(target, noise, kind="argmax")
+    assert res.converged and res.residual < 1e-10
+    # Monte-Carlo check of the quadrature model at the solution
+    eps = noise.sample((200000, 3), generator=_g(5))
+    freq = torch.bincount((res.theta + eps).argmax(-1), minlength=3).to(F64) / eps.shape[0]
+    assert float((freq - target).abs().max()) < 5 * 0.5 / math.sqrt(eps.shape[0])
+    rep = check_minimality(noise, 3, kind="argmax", n_points=2, generator=_g())
+    assert rep.minimal, str(rep)
+    assert not check_minimality(noise, 3, kind="argmax", param_space="free", n_points=1,
+                                generator=_g()).minimal
+    assert check_completeness(noise, 3, kind="argmax", n_interior=1, generator=_g()).complete
+    # Perturb-Softmax through its sample (no icdf: plain Monte Carlo)
+    assert check_minimality(noise, 3, kind="softmax", n_points=1, generator=_g(), **FAST).minimal
+    # the same density as the duck-typed HyperbolicSecant of the test above: same θ
+    class Duck:
+        variance = 1.0
+        sample, cdf, log_prob = _SechNoise.sample, _SechNoise.cdf, _SechNoise.log_prob
+
+    torch.testing.assert_close(identify(target, Duck(), kind="argmax").theta, res.theta,
+                               atol=1e-12, rtol=0)
+
+
+def test_capabilities_are_read_not_probed():
+    # checking what a noise can do calls none of its methods
+    from perturb import _identify
+
+    calls = []
+
+    class Recorder:
+        def __getattr__(self, name):
+            if name in ("sample", "cdf", "log_prob", "icdf", "argmax_probs", "log_cdf"):
+                return lambda *a, **k: calls.append(name)
+            raise AttributeError(name)
+
+    wrapped = _identify.as_noise(Recorder())
+    _identify.check_noise(wrapped, "argmax")
+    _identify.check_noise(wrapped, "softmax")
+    assert not _identify.is_discrete(wrapped) and not _identify.is_bounded(wrapped)
+    assert _identify.noise_std(wrapped) == 1.0
+    assert calls == []
+    assert wrapped.has_cdf and wrapped.has_icdf and wrapped.has_closed_form
+    for noise in (Gumbel(), Normal(), Uniform(), _SechNoise()):
+        assert _identify.as_noise(noise) is noise
+    with pytest.raises(ValueError, match="cdf"):
+        check_minimality(object(), 3, kind="argmax")

@@ -1,0 +1,284 @@
+"""The location-0 scale families ``ε = scale · ε₀``: Gumbel, Normal (alias Gaussian), Logistic.
+
+Each gives its quantile transform, (log) density, (log) CDF, moments, and the quadrature grid
+matched to its shape (:meth:`~perturb.noise.Noise.quadrature_layout`); Gumbel adds the closed
+forms of max-stability. The functionals are defined in :mod:`perturb.noise.base`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from .._math import EULER_GAMMA
+from .._validation import check_positive
+from ._args import _as_tensor, _check_unit, _default_device, _open_uniform, _real, _sample_args
+from ._quadrature import _F64, _TAIL
+from .base import Noise, QuadratureLayout
+
+__all__ = ["Gumbel", "Normal", "Gaussian", "Logistic"]
+
+
+class _ScaleNoise(Noise):
+    """Shared parts of the one-parameter families ``ε = scale · ε₀``."""
+
+    # Standardised panel width and Gauss–Legendre order of the quadrature grid (see
+    # ``quadrature_layout``); chosen from measured errors (docs/noise.md).
+    _panel_width = 3.0
+    _order = 20
+
+    has_log_prob = True
+    has_cdf = True
+    has_icdf = True
+    has_sample = True
+    has_variance = True
+    has_closed_form = False
+    has_argmax_probs = True
+
+    def __init__(self, scale: float = 1.0) -> None:
+        check_positive(scale if not isinstance(scale, torch.Tensor) else scale.detach(), "scale")
+        self.scale = _real(scale, "scale")
+
+    def _params(self) -> dict[str, object]:
+        return {"scale": self.scale}
+
+    def _standard_tails(self, d: int) -> tuple[float, float]:
+        """Standardised quantiles at lower mass ``_TAIL`` and upper mass ``_TAIL / d``."""
+        raise NotImplementedError
+
+    def quadrature_layout(self, d: int) -> QuadratureLayout:
+        """Standardised tails times ``scale``, panels of ``_panel_width`` scale units."""
+        lo, hi = self._standard_tails(d)
+        return QuadratureLayout(self.scale * lo, self.scale * hi, self.scale * self._panel_width,
+                                self._order)
+
+    def _from_uniform(self, u: torch.Tensor) -> torch.Tensor:
+        """The quantile transform, unchecked."""
+        raise NotImplementedError
+
+    def icdf(self, u: torch.Tensor) -> torch.Tensor:
+        """Quantile function ``F⁻¹(u)``, ``u ∈ [0, 1]`` (for inversion and quasi-Monte Carlo).
+
+        Raises:
+            ValueError: ``u`` outside ``[0, 1]`` (while validation is enabled).
+        """
+        return self._from_uniform(_check_unit(u))
+
+    def sample(self, shape: Sequence[int] | torch.Size | int, *,
+               generator: torch.Generator | None = None,
+               device: torch.device | str | None = None,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+        shape, device, dtype = _sample_args(shape, generator, device, dtype)
+        return self._from_uniform(_open_uniform(shape, generator, device, dtype))
+
+    sample.__doc__ = Noise.sample.__doc__
+
+
+class Gumbel(_ScaleNoise):
+    """Max-Gumbel noise with location 0: ``F(x) = exp(−exp(−x/β))``, ``β = scale``.
+
+    Mean ``βγ`` (γ the Euler–Mascheroni constant), variance ``π²β²/6``. Max-stable: the max of
+    independent ``θ_i + ε_i`` is again Gumbel with location ``β·logsumexp(θ/β)``, which gives the
+    closed forms ``expected_max = β·logsumexp(θ/β) + βγ`` and ``argmax_probs = softmax(θ/β)``
+    (the Gumbel-max trick). Sampling: ``−β·log E`` with ``E ~ Exp(1)`` from one random draw
+    (:meth:`_exponential`): ``exponential_`` on CUDA (one kernel; it never returns 0 or inf),
+    ``E = −log U`` with ``U = torch.rand`` clamped into (0, 1) elsewhere (torch's CPU
+    ``exponential_`` is a serial loop, about 7× slower). Samples are finite. As for every torch
+    sampler, CPU and CUDA generators give different streams.
+
+    Args:
+        scale: ``β > 0``.
+
+    Raises:
+        ValueError: ``scale`` not a finite positive number.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> eps = Gumbel(scale=0.5).sample((3, 4), generator=g)
+
+    References:
+        Gumbel (1954); Maddison, Tarlow, Minka, "A* Sampling" (2014), arXiv:1411.0030.
+    """
+
+    has_closed_form = True
+
+    def sample(self, shape: Sequence[int] | torch.Size | int, *,
+               generator: torch.Generator | None = None,
+               device: torch.device | str | None = None,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+        shape, device, dtype = _sample_args(shape, generator, device, dtype)
+        return self._log_exponential(shape, generator, device, dtype).neg_()
+
+    sample.__doc__ = Noise.sample.__doc__
+
+    @staticmethod
+    def _exponential(shape: torch.Size, generator: torch.Generator | None,
+                     device: torch.device | str | None, dtype: torch.dtype) -> torch.Tensor:
+        """The one random draw behind a sample: ``E ~ Exp(1)``, finite and > 0; unchecked args.
+
+        CUDA: ``exponential_`` (one kernel; its uniform lies in (0, 1] and log 1 is replaced by
+        −eps/2, so E > 0). Elsewhere: ``E = −log U``, ``U = torch.rand`` clamped to
+        ``[tiny, 1 − eps/2]`` (torch's CPU ``exponential_`` is a serial loop, ~7× slower).
+        """
+        dev = device if isinstance(device, torch.device) else (
+            torch.device(device) if device is not None else _default_device())
+        if dev.type == "cuda":
+            return torch.empty(shape, device=dev, dtype=dtype).exponential_(generator=generator)
+        u = _open_uniform(shape, generator, dev, dtype)
+        return torch.xlogy(-1, u, out=u)  # -log U in one op
+
+    def _log_exponential(self, shape: torch.Size, generator: torch.Generator | None,
+                         device: torch.device | str | None, dtype: torch.dtype) -> torch.Tensor:
+        """``β·log E`` with ``E ~ Exp(1)``: minus a Gumbel(0, β) draw; arguments unchecked.
+
+        :meth:`sample` negates it in place, and :func:`perturb.relax.perturb` computes
+        ``θ − β·log E``, which is bitwise ``θ + sample(...)`` for the same generator state
+        (negation is exact) with one pass less. One buffer, updated in place.
+        """
+        e = self._exponential(shape, generator, device, dtype).log_()
+        return e if self.scale == 1 else e.mul_(self.scale)
+
+    def _from_uniform(self, u: torch.Tensor) -> torch.Tensor:
+        return -self.scale * torch.log(-torch.log(u))
+
+    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        z = _as_tensor(x, "x") / self.scale
+        return -z - torch.exp(-z) - math.log(self.scale)
+
+    def cdf(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(self.log_cdf(x))
+
+    def log_cdf(self, x: torch.Tensor) -> torch.Tensor:
+        return -torch.exp(-_as_tensor(x, "x") / self.scale)
+
+    @property
+    def mean(self) -> float:
+        return self.scale * EULER_GAMMA
+
+    @property
+    def variance(self) -> float:
+        return (math.pi * self.scale) ** 2 / 6
+
+    def _standard_tails(self, d: int) -> tuple[float, float]:
+        return -math.log(-math.log(_TAIL)), -math.log(-math.log1p(-_TAIL / d))
+
+    def _expected_max(self, theta: torch.Tensor) -> torch.Tensor:
+        return self.scale * torch.logsumexp(theta / self.scale, -1) + self.scale * EULER_GAMMA
+
+    def _argmax_probs(self, theta: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(theta / self.scale, -1)
+
+
+class Normal(_ScaleNoise):
+    """Centred normal noise ``N(0, σ²)``, ``σ = scale``: ``F(x) = Φ(x/σ)``.
+
+    Mean 0, variance ``σ²``. ``argmax_probs``/``expected_max`` by quadrature (no closed form for
+    ``d > 2``; for ``d = 2``, ``P(argmax = 1) = Φ((θ₁ − θ₂)/(σ√2))``). ``log_cdf`` uses
+    ``torch.special.log_ndtr`` and ``icdf`` ``torch.special.ndtri``; sampling uses
+    ``torch.normal``. Alias: :data:`Gaussian`.
+
+    Args:
+        scale: ``σ > 0``.
+
+    Raises:
+        ValueError: ``scale`` not a finite positive number.
+
+    Example:
+        >>> Normal(scale=2.0).argmax_probs(torch.tensor([0.0, 0.0, 1.0])).sum()
+        tensor(1.)
+    """
+
+    _order = 16
+
+    def sample(self, shape: Sequence[int] | torch.Size | int, *,
+               generator: torch.Generator | None = None,
+               device: torch.device | str | None = None,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+        shape, device, dtype = _sample_args(shape, generator, device, dtype)
+        # one op (normal_ scales in the same pass); the same draws as torch.randn for scale 1
+        return torch.normal(0.0, self.scale, shape, generator=generator, device=device,
+                            dtype=dtype)
+
+    sample.__doc__ = Noise.sample.__doc__
+
+    def _from_uniform(self, u: torch.Tensor) -> torch.Tensor:
+        return self.scale * torch.special.ndtri(u)
+
+    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        z = _as_tensor(x, "x") / self.scale
+        return -0.5 * z * z - math.log(self.scale) - 0.5 * math.log(2 * math.pi)
+
+    def cdf(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.special.ndtr(_as_tensor(x, "x") / self.scale)
+
+    def log_cdf(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.special.log_ndtr(_as_tensor(x, "x") / self.scale)
+
+    @property
+    def mean(self) -> float:
+        return 0.0
+
+    @property
+    def variance(self) -> float:
+        return self.scale ** 2
+
+    def _standard_tails(self, d: int) -> tuple[float, float]:
+        t = torch.tensor([_TAIL, _TAIL / d], dtype=_F64)
+        q = torch.special.ndtri(t)
+        return float(q[0]), -float(q[1])
+
+    def quadrature_layout(self, d: int) -> QuadratureLayout:
+        """Panels of ``2.5/sqrt(1 + ½ log d)`` scale units, order 16."""
+        # The max of d standard normals concentrates at width ~ 1/sqrt(2 log d): narrower panels.
+        lo, hi = self._standard_tails(d)
+        width = 2.5 / math.sqrt(1.0 + 0.5 * math.log(d))
+        return QuadratureLayout(self.scale * lo, self.scale * hi, self.scale * width, self._order)
+
+
+#: Alias of :class:`Normal`.
+Gaussian = Normal
+
+
+class Logistic(_ScaleNoise):
+    """Centred logistic noise: ``F(x) = σ(x/s) = 1/(1 + exp(−x/s))``, ``s = scale``.
+
+    Mean 0, variance ``π²s²/3``. (The difference of two independent Gumbels is logistic; the
+    perturbed argmax with logistic noise is *not* a softmax, not even for ``d = 2``.)
+    ``argmax_probs``/``expected_max`` by quadrature.
+
+    Args:
+        scale: ``s > 0``.
+
+    Raises:
+        ValueError: ``scale`` not a finite positive number.
+
+    Example:
+        >>> Logistic().cdf(torch.tensor(0.0))
+        tensor(0.5000)
+    """
+
+    def _from_uniform(self, u: torch.Tensor) -> torch.Tensor:
+        return self.scale * (torch.log(u) - torch.log1p(-u))
+
+    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        z = _as_tensor(x, "x") / self.scale
+        return -z - 2 * torch.nn.functional.softplus(-z) - math.log(self.scale)
+
+    def cdf(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(_as_tensor(x, "x") / self.scale)
+
+    def log_cdf(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.logsigmoid(_as_tensor(x, "x") / self.scale)
+
+    @property
+    def mean(self) -> float:
+        return 0.0
+
+    @property
+    def variance(self) -> float:
+        return (math.pi * self.scale) ** 2 / 3
+
+    def _standard_tails(self, d: int) -> tuple[float, float]:
+        q = _TAIL / d
+        return math.log(_TAIL) - math.log1p(-_TAIL), math.log1p(-q) - math.log(q)

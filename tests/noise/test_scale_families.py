@@ -1,0 +1,128 @@
+"""Tests for perturb/noise/scale_families.py: Gumbel, Normal (= Gaussian), Logistic.
+
+Oracles: scipy.stats (tails of log_cdf), closed forms (Gumbel max-stability, the two-coordinate
+Gaussian formula, tabulated iid Gaussian maxima), adaptive QUADPACK on independently written
+densities, Monte Carlo with 5 standard errors, float64 gradcheck.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import integrate, special, stats
+
+from perturb._math import EULER_GAMMA
+from perturb.noise import Gumbel, Logistic, Noise, Normal
+
+F64 = torch.float64
+
+
+def ids(noise: Noise) -> str:
+    return repr(noise)
+
+
+@pytest.mark.parametrize("noise", [Gumbel(), Logistic(), Normal()], ids=ids)
+def test_samples_finite_at_extreme_uniforms(noise):
+    # the clamp of U into (0, 1) keeps inverse-CDF transforms finite, even in float32
+    for dtype in (torch.float32, torch.float64):
+        fi = torch.finfo(dtype)
+        u = torch.tensor([fi.tiny, 1 - fi.eps / 2], dtype=dtype)
+        assert torch.isfinite(noise.icdf(u)).all()
+    x = noise.sample((200000,), dtype=torch.float32, generator=torch.Generator().manual_seed(3))
+    assert torch.isfinite(x).all()
+
+
+def test_gumbel_moments_closed_form():
+    assert Gumbel(2.0).mean == pytest.approx(2.0 * 0.5772156649015329)
+    assert Gumbel(2.0).variance == pytest.approx(4.0 * math.pi ** 2 / 6)
+    assert Logistic(2.0).variance == pytest.approx(4.0 * math.pi ** 2 / 3)
+
+
+def test_log_cdf_accurate_in_tails():
+    x = torch.tensor([-30.0, 40.0], dtype=F64)
+    np.testing.assert_allclose(Normal().log_cdf(x).numpy(), stats.norm.logcdf(x.numpy()),
+                               rtol=1e-12)
+    np.testing.assert_allclose(Logistic().log_cdf(x).numpy(), stats.logistic.logcdf(x.numpy()),
+                               rtol=1e-12)
+    np.testing.assert_allclose(Gumbel().log_cdf(x).numpy(), stats.gumbel_r.logcdf(x.numpy()),
+                               rtol=1e-12)
+
+
+def test_gumbel_argmax_frequencies_are_softmax():
+    theta = torch.tensor([1.0, 0.0, -0.5, 0.3], dtype=F64)
+    n = 100000
+    eps = Gumbel(scale=0.7).sample((n, 4), generator=torch.Generator().manual_seed(2), dtype=F64)
+    freq = torch.bincount((theta + eps).argmax(-1), minlength=4).double() / n
+    p = torch.softmax(theta / 0.7, -1)
+    se = torch.sqrt(p * (1 - p) / n)
+    assert ((freq - p).abs() < 5 * se).all()
+    torch.testing.assert_close(Gumbel(scale=0.7).argmax_probs(theta), p)
+
+
+def test_gumbel_expected_max_closed_form():
+    theta = torch.tensor([[0.0, 0.0], [1.0, -2.0]], dtype=F64)
+    e = Gumbel(scale=2.0).expected_max(theta)
+    ref = 2.0 * torch.logsumexp(theta / 2.0, -1) + 2.0 * EULER_GAMMA
+    torch.testing.assert_close(e, ref)
+    assert e[0].item() == pytest.approx(2.0 * (math.log(2) + 0.5772156649015329), abs=1e-14)
+
+
+@pytest.mark.parametrize("sigma", [0.2, 1.0, 3.0])
+def test_normal_two_coordinates_closed_form(sigma):
+    theta = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.3, -1.1], [-4.0, 2.0], [50.0, 0.0]], dtype=F64)
+    s = sigma * math.sqrt(2)
+    delta = theta[:, 0] - theta[:, 1]
+    phi = torch.special.ndtr(delta / s)
+    p = Normal(scale=sigma).argmax_probs(theta)
+    torch.testing.assert_close(p, torch.stack([phi, 1 - phi], -1), atol=1e-12, rtol=0)
+    density = torch.exp(-0.5 * (delta / s) ** 2) / math.sqrt(2 * math.pi)
+    ref = theta[:, 0] * phi + theta[:, 1] * (1 - phi) + s * density
+    torch.testing.assert_close(Normal(scale=sigma).expected_max(theta), ref, atol=1e-11, rtol=0)
+
+
+@pytest.mark.parametrize("d, ref", [(2, 1 / math.sqrt(math.pi)), (3, 1.5 / math.sqrt(math.pi)),
+                                    (5, 1.1629644736405196)])
+def test_normal_iid_expected_max(d, ref):
+    # E[max of d iid N(0,1)]: 1/√π, 3/(2√π), and the tabulated value for d = 5
+    theta = torch.zeros(d, dtype=F64)
+    assert Normal(scale=2.0).expected_max(theta).item() == pytest.approx(2 * ref, abs=1e-12)
+    torch.testing.assert_close(Normal().argmax_probs(theta), torch.full((d,), 1 / d, dtype=F64),
+                               atol=1e-13, rtol=0)
+
+
+def _scalar_pdf_cdf(noise: Noise):
+    """Scalar density and CDF written with scipy.special (fast inside scipy.integrate.quad)."""
+    s = noise.scale
+    if isinstance(noise, Logistic):
+        return (lambda x: special.expit(x / s) * special.expit(-x / s) / s,
+                lambda x: special.expit(x / s))
+    return (lambda x: math.exp(-0.5 * (x / s) ** 2) / (s * math.sqrt(2 * math.pi)),
+            lambda x: special.ndtr(x / s))
+
+
+@pytest.mark.parametrize("noise", [Logistic(), Logistic(scale=0.5), Normal(scale=0.7)], ids=ids)
+def test_quadrature_vs_scipy_quad(noise):
+    # an independent integrator (adaptive QUADPACK) on independently written densities
+    pdf, cdf = _scalar_pdf_cdf(noise)
+    theta = np.array([0.4, -0.3, 1.2, 0.0])
+
+    def integrand(x, i):
+        others = np.prod([cdf(x - t) for j, t in enumerate(theta) if j != i])
+        return pdf(x - theta[i]) * others
+
+    p_ref = [integrate.quad(integrand, -60, 60, args=(i,), epsabs=1e-13, epsrel=1e-12,
+                            limit=200, points=[0.0, 1.0])[0] for i in range(4)]
+    e_ref = integrate.quad(lambda x: x * sum(integrand(x, i) for i in range(4)), -60, 60,
+                           epsabs=1e-13, epsrel=1e-12, limit=200, points=[0.0, 1.0])[0]
+    t = torch.tensor(theta, dtype=F64)
+    np.testing.assert_allclose(noise.argmax_probs(t).numpy(), p_ref, atol=1e-11)
+    assert noise.expected_max(t).item() == pytest.approx(e_ref, abs=1e-10)
+
+
+@pytest.mark.parametrize("noise", [Normal(), Logistic(scale=0.6)], ids=ids)
+def test_gradcheck(noise):
+    theta = torch.tensor([[0.3, -0.2, 0.65], [1.1, 0.0, -0.4]], dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(noise.argmax_probs, (theta,), atol=1e-7)
+    assert torch.autograd.gradcheck(noise.expected_max, (theta,), atol=1e-7)
