@@ -253,13 +253,16 @@ def check_finite(w: torch.Tensor, name: str = "w", *, allow_neg_inf: bool = Fals
     """
     if not w.numel() or _unreadable(w):
         return
-    with torch.no_grad() if w.requires_grad else contextlib.nullcontext():  # no autograd node
-        if reads_stall(w):
+    if reads_stall(w):
+        # the assert runs outside no_grad: a compiled graph that fails inside a grad-mode
+        # region does not restore the mode (seen with torch 2.13)
+        with torch.no_grad():
             ok = (w.amax() < math.inf) if allow_neg_inf else torch.isfinite(w).all()
-            _assert_on_device(ok, f"perturb: {name} contains NaN or "
-                              + ("+inf values (-inf masks are allowed)" if allow_neg_inf
-                                 else "infinite values; scores must be finite"))
-            return
+        _assert_on_device(ok, f"perturb: {name} contains NaN or "
+                          + ("+inf values (-inf masks are allowed)" if allow_neg_inf
+                             else "infinite values; scores must be finite"))
+        return
+    with torch.no_grad() if w.requires_grad else contextlib.nullcontext():  # no autograd node
         if allow_neg_inf:
             if float(w.amax()) < math.inf:
                 return
@@ -286,11 +289,12 @@ def check_masked_scores(w: torch.Tensor, name: str = "w", dim: int = -1) -> None
         return
     with torch.no_grad():
         top = w.amax(dim)
-        if reads_stall(top):
-            _assert_on_device(torch.isfinite(top).all(),
-                              f"perturb: {name} contains NaN or +inf, or a slice along dim "
-                              f"{dim} whose entries are all -inf")
-            return
+    if reads_stall(top):  # the assert outside no_grad: see check_finite
+        _assert_on_device(torch.isfinite(top).all(),
+                          f"perturb: {name} contains NaN or +inf, or a slice along dim "
+                          f"{dim} whose entries are all -inf")
+        return
+    with torch.no_grad():
         if math.isfinite(float(top.sum())) or bool(torch.isfinite(top).all()):
             return
     check_finite(w, name, allow_neg_inf=True)               # NaN or +inf: says which

@@ -85,18 +85,14 @@ def _default_device() -> torch.device:
     return get() if get is not None else torch.device("cpu")
 
 
-_OPEN_UNIT: dict[torch.dtype, tuple[float, float]] = {}
 
 
 def _open_uniform(shape: torch.Size, generator: torch.Generator | None,
                   device: torch.device | str | None, dtype: torch.dtype) -> torch.Tensor:
     """U(0, 1) draws clamped into the open interval [tiny, 1 − eps/2] so no transform gives inf."""
     u = torch.rand(shape, generator=generator, device=device, dtype=dtype)
-    bounds = _OPEN_UNIT.get(dtype)
-    if bounds is None:
-        fi = torch.finfo(dtype)
-        bounds = _OPEN_UNIT[dtype] = (fi.tiny, 1.0 - fi.eps / 2)
-    return u.clamp_(*bounds)
+    fi = torch.finfo(dtype)  # no cache: a cache filled on first use recompiles compiled callers
+    return u.clamp_(fi.tiny, 1.0 - fi.eps / 2)
 
 
 def _zero_grad_like(value: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
