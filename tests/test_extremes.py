@@ -40,7 +40,7 @@ from perturb.structured import (
     SinkhornConvergenceWarning,
     SpanningTrees,
 )
-from perturb.structured._sinkhorn import sinkhorn_iterate
+from perturb.structured.permutations._sinkhorn import sinkhorn_iterate
 from perturb.structures import Simplex
 
 SUPPORTED = [p for p in registered_pairs() if p.supported]

@@ -3,7 +3,7 @@ trees, arborescences.
 
 Importing this package registers their solvers with :func:`perturb.register_solver`.
 """
-from perturb.structured.correlated_topk import (
+from perturb.structured.subsets.correlated import (
     CorrelatedKSubset,
     correlated_topk_argmax,
     correlated_topk_log_partition,

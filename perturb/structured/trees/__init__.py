@@ -14,7 +14,7 @@ the parent of j). Scores are log-potentials ``w`` of shape ``(*batch, n, n)``:
 With the exponential-family entropy (:class:`~perturb.regularizers.ExpFamilyEntropy`, the
 default) the regularized argmax of :mod:`perturb.relax` is the vector of edge marginals of the
 Gibbs distribution p(T) ∝ exp(⟨w, T⟩/τ), μ = ∇ log Z(w/τ), by the matrix-tree theorems
-(:mod:`perturb.structured._matrix_tree`). So ``relax(θ, SpanningTrees(), Gumbel(), tau=0.5)`` is a
+(:mod:`perturb.structured.trees.matrix_tree`). So ``relax(θ, SpanningTrees(), Gumbel(), tau=0.5)`` is a
 stochastic softmax over trees (Paulus et al. 2020) and ``hard=True`` its straight-through
 version with the exact maximum tree of the perturbed scores in the forward pass.
 
@@ -28,14 +28,14 @@ import torch
 
 from perturb._validation import check_int, check_scores
 from perturb.regularizers import ExpFamilyEntropy, Regularizer
-from perturb.structured._matrix_tree import (
+from perturb.structured.trees.matrix_tree import (
     arborescence_log_partition,
     arborescence_marginals,
     spanning_tree_log_partition,
     spanning_tree_marginals,
 )
-from perturb.structured._tree_sampling import sample_arborescence, sample_spanning_tree
-from perturb.structured._tree_solvers import (
+from perturb.structured.trees.sampling import sample_arborescence, sample_spanning_tree
+from perturb.structured.trees.structures import (
     enumerate_arborescences,
     enumerate_spanning_trees,
     is_arborescence,

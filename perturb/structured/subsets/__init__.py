@@ -45,7 +45,7 @@ from perturb.regularizers import (
     SquaredNorm,
 )
 from perturb.relax import regularized_argmax
-from perturb.structured._subset_dp import (
+from perturb.structured.subsets.dp import (
     MARGINAL_BACKWARDS,
     _check_k,
     _marginals_scaled,

@@ -17,7 +17,7 @@ from scipy.optimize import linear_sum_assignment
 
 import perturb
 from perturb.structured import Permutations, gumbel_sinkhorn, matching, sinkhorn
-from perturb.structured._sinkhorn import sinkhorn_vjp
+from perturb.structured.permutations._sinkhorn import sinkhorn_vjp
 from perturb.structured.permutations import SinkhornConvergenceWarning
 
 F64 = torch.float64
@@ -354,7 +354,7 @@ def test_extreme_scores_and_tiny_tau_are_finite(dtype, backward):
 def test_float32_beyond_its_range_is_solved_in_float64():
     """|W|/τ ≈ 1e7: float32 potentials keep no fractional digits (a marginal error of about 40
     was reported before); the kernel is solved in float64 and the plan rounded to float32."""
-    from perturb.structured._sinkhorn import F32_FLOOR_LIMIT
+    from perturb.structured.permutations._sinkhorn import F32_FLOOR_LIMIT
     w = 1e4 * _randn(2, 5, 5, seed=36, dtype=torch.float32)
     assert 4 * torch.finfo(torch.float32).eps * float(w.abs().max() / 1e-3) > F32_FLOOR_LIMIT
     with warnings.catch_warnings():
@@ -557,7 +557,7 @@ def test_gradcheck_accelerated(opts, backward):
 def test_hard_case_iterations():
     """τ = 0.05 on 16 x 64 x 64 (float64, tol 1e-6): plain Sinkhorn needs > 20,000 iterations;
     the default engine reaches tol within 2,000, ε-scaling within 1,000."""
-    from perturb.structured._sinkhorn import sinkhorn_iterate
+    from perturb.structured.permutations._sinkhorn import sinkhorn_iterate
     w = _randn(16, 64, 64, seed=0)
     ones = torch.ones(16, 64, dtype=F64)
     for opts, cap in ((dict(), 2000), (dict(eps_scaling=True), 1000)):
@@ -570,7 +570,7 @@ def test_hard_case_iterations():
 def test_ops_per_iteration():
     """Dispatched aten ops per iteration (each one kernel on a GPU): 4 on the absorbed kernel
     (2 mat-vecs, 2 divisions), 6 in log space (2 × add, logsumexp, sub), 10 over-relaxed."""
-    from perturb.structured._sinkhorn import _log_block, _scaling_block
+    from perturb.structured.permutations._sinkhorn import _log_block, _scaling_block
 
     def ops(fn):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -640,7 +640,7 @@ def test_cuda_engine_matches_cpu(opts):
 @pytest.mark.parametrize("omega", [None, 1.6])
 def test_cuda_graphs_equal_eager(omega):
     """The graph-replayed iterations compute exactly the eager ones."""
-    from perturb.structured import _sinkhorn as S
+    from perturb.structured.permutations import _sinkhorn as S
     g = torch.Generator().manual_seed(47)
     lk = torch.randn(3, 9, 7, generator=g, dtype=F64).cuda()
     a = torch.ones(3, 9, dtype=F64).cuda()

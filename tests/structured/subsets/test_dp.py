@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from perturb import set_validation
 from perturb.structured import KSubset, topk
-from perturb.structured import _subset_dp as dp
-from perturb.structured import _subset_tree as tree
-from perturb.structured._subset_dp import ksubset_log_partition, ksubset_marginals, sample_ksubset
+from perturb.structured.subsets import dp as dp
+from perturb.structured.subsets import _tree as tree
+from perturb.structured.subsets.dp import ksubset_log_partition, ksubset_marginals, sample_ksubset
 
 
 def _brute(w, k):

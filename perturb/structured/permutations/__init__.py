@@ -14,7 +14,7 @@ POT's ``ot.sinkhorn(a, b, M=-W, reg=tau)``. The exact argmax (τ → 0) is the m
 perfect matching, solved by the Hungarian algorithm (:func:`matching`).
 
 Gradients: ``backward="implicit"`` (default) differentiates the fixed point (memory independent of
-the iteration count; derivation in :mod:`perturb.structured._sinkhorn` and docs/permutations.md),
+the iteration count; derivation in :mod:`perturb.structured.permutations._sinkhorn` and docs/permutations.md),
 ``backward="unroll"`` runs autograd through the iterations.
 
 References: Cuturi, "Sinkhorn distances", NeurIPS 2013 (arXiv:1306.0895); Mena et al., "Learning
@@ -44,7 +44,7 @@ from perturb.backward import resolve_backward, solve_with_backward
 from perturb.noise import Gumbel, Noise
 from perturb.regularizers import Entropy, ExpFamilyEntropy, Regularizer
 from perturb.relax import perturb
-from perturb.structured._sinkhorn import (
+from perturb.structured.permutations._sinkhorn import (
     SinkhornSolution,
     _masked_log_kernel,
     _SinkhornImplicit,

@@ -5,7 +5,7 @@ import networkx as nx
 import pytest
 import torch
 
-from perturb.structured._tree_solvers import (
+from perturb.structured.trees.structures import (
     _chu_liu_edmonds,
     enumerate_arborescences,
     enumerate_spanning_trees,

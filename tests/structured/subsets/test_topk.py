@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import perturb
 from perturb import BinaryEntropy, Entropy, ExpFamilyEntropy, SquaredNorm
 from perturb.structured import KSubset, relaxed_topk, topk
-from perturb.structured import _subset_dp as dp
+from perturb.structured.subsets import dp as dp
 from perturb.structured.subsets import (
     _capped_forward,
     _capped_root,

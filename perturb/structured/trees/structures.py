@@ -20,7 +20,7 @@ import itertools
 import numpy as np
 import torch
 
-from perturb.structured._graph_input import _detached, _prepare, _reachable
+from perturb.structured.trees._graph_input import _detached, _prepare, _reachable
 
 __all__ = ["max_spanning_tree", "max_arborescence"]
 
