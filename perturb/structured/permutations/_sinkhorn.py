@@ -497,6 +497,10 @@ def sinkhorn_vjp(plan: torch.Tensor, grad_plan: torch.Tensor,
         a_s = torch.where(row_valid, a_s, 1.0)
     if col_valid is not None:
         b_s = torch.where(col_valid, b_s, 1.0)
+    # a row or column whose mass underflowed to 0 (a plan stopped short at extreme scales)
+    # carries no mass: treated as padding, it would otherwise divide 0 by 0
+    a_s = torch.where(a_s > 0, a_s, 1.0)
+    b_s = torch.where(b_s > 0, b_s, 1.0)
     if m <= n:  # Schur complement on the columns
         pa = plan / a_s.unsqueeze(-1)
         S = torch.diag_embed(b_s) - plan.transpose(-1, -2) @ pa

@@ -63,7 +63,6 @@ softmax tricks", arXiv:2006.08063, §4 and App. C (correlated top-k; BeerAdvocat
 from __future__ import annotations
 
 import itertools
-import math
 
 import torch
 import torch.nn.functional as F

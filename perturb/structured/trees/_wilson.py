@@ -41,10 +41,6 @@ __all__: list[str] = []
 _CHECK_EVERY = 16
 
 
-class WilsonStepLimit(RuntimeError):
-    """Raised when the random walks have not finished within the step limit."""
-
-
 def wilson_step_limit(n: int) -> int:
     """The default cap on walk steps: far above the expected O(n) for spread-out scores."""
     return 2000 + 400 * n

@@ -29,15 +29,20 @@ from perturb._validation import check_choice, check_int
 from perturb.structured.trees._graph_input import _detached, _prepare
 from perturb.structured.trees.matrix_tree import _column_softmax, _compute_dtype, _solve
 from perturb.structured.trees._wilson import (
-    WilsonStepLimit,
     expected_steps,
     wilson_sample,
     wilson_step_limit,
 )
 
-__all__ = ["sample_spanning_tree", "sample_arborescence"]
+__all__ = ["sample_spanning_tree", "sample_arborescence", "WilsonStepLimit"]
 
 SAMPLE_METHODS = ("auto", "wilson", "conditional")
+
+class WilsonStepLimit(RuntimeError):
+    """Raised by ``method="wilson"`` when the random walks have not finished within the step
+    limit (``2000 + 400·n`` steps: peaked scores whose strong edges form cycles); use
+    ``method="conditional"`` or ``"auto"``."""
+
 
 #: ``method="auto"`` runs Wilson's algorithm while tr G <= this many steps per node.
 _AUTO_STEPS_PER_NODE = 25
