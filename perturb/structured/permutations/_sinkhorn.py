@@ -1,5 +1,5 @@
 r"""Sinkhorn iterations (log domain and absorbed scaling, accelerated) and their implicit backward
-(private; see ``permutations.py``).
+(private; the public function is :func:`perturb.structured.permutations.sinkhorn.sinkhorn`).
 
 The problem (entropic optimal transport with cost −W and regularization τ)::
 
@@ -131,7 +131,8 @@ def _graphed_iterations(K, a_c, b_c, eu, ev, omega, n_full):
     dominates the arithmetic; a replayed graph launches a chunk at once (measured on an H100:
     64 µs → 8.7 µs per iteration at 64 x 128 x 128 float32). Graphs are cached per (shape,
     dtype, device, over-relaxation) and read/write static buffers, so results are identical to
-    the eager iterations. Disable with ``perturb.structured.permutations._sinkhorn.USE_CUDA_GRAPHS = False``.
+    the eager iterations. Disable with
+    ``perturb.structured.permutations._sinkhorn.USE_CUDA_GRAPHS = False``.
     """
     chunks = n_full // _GRAPH_CHUNK
     if chunks == 0:

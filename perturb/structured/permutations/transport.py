@@ -116,10 +116,10 @@ class Transport(Structure):
     Example::
 
         >>> from perturb import relax
-        >>> a, b = torch.tensor([0.5, 0.5]), torch.tensor([0.2, 0.3, 0.5])
+        >>> a, b = torch.tensor([0.5, 0.5]), torch.tensor([0.25, 0.25, 0.5])
         >>> w = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
         >>> Transport(a, b).argmax(w)
-        tensor([[0.2000, 0.3000, 0.0000],
+        tensor([[0.2500, 0.2500, 0.0000],
                 [0.0000, 0.0000, 0.5000]])
         >>> P = relax(w, Transport(a, b), tau=0.1)        # a perturbed entropic plan
         >>> torch.allclose(P.sum(-1), a, atol=1e-5) and torch.allclose(P.sum(-2), b, atol=1e-5)
@@ -180,7 +180,8 @@ class Transport(Structure):
 
         float64 on the CPU, one problem at a time (a loop over the batch: an exact LP solver);
         b is rescaled to Σa in float64 first, so that rounding of the masses cannot make the
-        problem infeasible. Not differentiable (piecewise constant). Raises RuntimeError if the
+        problem infeasible, and the cost −w is shifted to be nonnegative (POT's simplex can
+        report negative-cost problems as infeasible). Not differentiable (piecewise constant). Raises RuntimeError if the
         network simplex stops before optimality.
         """
         import ot  # imported on first use: POT is only needed for exact plans
@@ -188,7 +189,10 @@ class Transport(Structure):
         self.validate(w)
         n, m = self.sizes
         batch = w.shape[:-2]
-        cost = (-w.detach()).to("cpu", torch.float64).reshape(-1, n, m).numpy()
+        # cost −w shifted to be >= 0 per problem (a constant on U(a, b): same optimum). POT's
+        # network simplex reports 1 x 1 problems with costs below about −2 as infeasible
+        w64 = w.detach().to("cpu", torch.float64).reshape(-1, n, m)
+        cost = (w64.amax((-2, -1), keepdim=True) - w64).numpy()
         a = self.a.detach().to("cpu", torch.float64).expand(*batch, n).reshape(-1, n).numpy()
         b = self.b.detach().to("cpu", torch.float64).expand(*batch, m).reshape(-1, m).numpy()
         out = np.zeros_like(cost)

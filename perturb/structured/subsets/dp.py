@@ -72,7 +72,7 @@ from perturb.structured.subsets import _tree as _tree
 __all__ = ["ksubset_log_partition", "ksubset_marginals", "sample_ksubset"]
 
 # --------------------------------------------------------------------------------------------
-# argument handling shared with subsets.py
+# argument handling shared with topk.py
 # --------------------------------------------------------------------------------------------
 
 def _check_k(k: int, n: int, name: str = "k") -> int:
@@ -116,7 +116,7 @@ def _flat(y: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# the tilt and the autograd Functions (the tree itself: _subset_tree.py)
+# the tilt and the autograd Functions (the tree itself: _tree.py)
 # --------------------------------------------------------------------------------------------
 
 def _prepare(y: torch.Tensor, k: int, name: str = "w"):

@@ -20,19 +20,6 @@ def _randn(*shape, seed=0, dtype=F64):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
-def _marginals(n, m, batch=(), seed=0):
-    g = torch.Generator().manual_seed(seed)
-    a = torch.rand(*batch, n, generator=g, dtype=F64) + 0.5
-    b = torch.rand(*batch, m, generator=g, dtype=F64) + 0.5
-    return a, b * a.sum(-1, keepdim=True) / b.sum(-1, keepdim=True)
-
-
-def _project(ga, gb):
-    """Remove the gauge (t, -t) from marginal gradients: representative with Σ∂a = Σ∂b."""
-    t = ((gb.sum(-1) - ga.sum(-1)) / (ga.shape[-1] + gb.shape[-1])).unsqueeze(-1)
-    return ga + t, gb - t
-
-
 def test_matching_equals_scipy_emd_and_brute_force():
     w = _randn(3, 2, 5, 5, seed=6)
     M = matching(w)

@@ -66,6 +66,17 @@ def test_argmax_is_the_linprog_optimum(n, m):
                                                                  -w[k].numpy())))
 
 
+@pytest.mark.parametrize("n,m", [(1, 1), (1, 3), (3, 1), (4, 5)])
+def test_argmax_large_scores(n, m):
+    """Scores of ±100 (costs far below 0): POT's simplex calls some negative-cost problems
+    infeasible (1 x 1 with cost < −2); the solver shifts the cost to be nonnegative."""
+    a, b = _marginals(n, m, batch=(4,), seed=20)
+    w = 100 * _randn(4, n, m, seed=21)
+    P = Transport(a, b).argmax(w)
+    for k in range(4):
+        assert abs(float((w[k] * P[k]).sum()) - _linprog_value(w[k], a[k], b[k])) < 1e-8
+
+
 def test_argmax_batched_marginals_and_float32():
     a, b = _marginals(3, 5, batch=(4,), seed=1)
     w = _randn(2, 4, 3, 5, seed=2, dtype=torch.float32)       # marginals broadcast over dim 0

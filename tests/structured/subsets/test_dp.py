@@ -1,4 +1,4 @@
-"""The log-depth k-subset tree (perturb/structured/_subset_dp.py) against independent oracles.
+"""The log-depth k-subset tree (perturb/structured/subsets/dp.py) against independent oracles.
 
 Oracles: enumeration of all C(n, k) subsets (float64), the former sequential DP (kept in the
 module as a private reference), float64 gradcheck, the three kernels against each other, and

@@ -1,4 +1,4 @@
-"""perturb/structured/_graph_input.py: the input handling shared by every tree function."""
+"""perturb/structured/trees/_graph_input.py: the input handling shared by every tree function."""
 import math
 
 import pytest

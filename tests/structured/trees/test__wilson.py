@@ -12,7 +12,8 @@ from perturb.structured.trees.structures import (
     is_arborescence,
     is_spanning_tree,
 )
-from perturb.structured.trees._wilson import WilsonStepLimit, expected_steps
+from perturb.structured.trees._wilson import expected_steps
+from perturb.structured.trees.sampling import WilsonStepLimit
 
 D = torch.float64
 N_SAMPLES = 20000
