@@ -22,7 +22,7 @@ import warnings
 import torch
 
 from bench._timing import count_ops, count_syncs, device, row, time_interleaved, time_ms
-from perturb.structured._sinkhorn import _scaling_block
+from perturb.structured.permutations._sinkhorn import _scaling_block
 from perturb.structured.permutations import SinkhornConvergenceWarning, sinkhorn
 
 try:

@@ -23,7 +23,7 @@ import torch
 
 from bench._timing import count_ops, device, row, time_interleaved, time_ms
 from perturb import BinaryEntropy, Entropy, ExpFamilyEntropy, SquaredNorm
-from perturb.structured import _subset_dp
+from perturb.structured.subsets import dp as _subset_dp
 from perturb.structured.subsets import ksubset_marginals, relaxed_topk, sample_ksubset
 
 REGS = {"ExpFamilyEntropy (DP)": ExpFamilyEntropy(), "Entropy": Entropy(),

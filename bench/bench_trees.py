@@ -22,7 +22,7 @@ import torch
 
 from bench._timing import count_ops, device, row, time_interleaved, time_ms
 from perturb.structured import arborescence_marginals, sample_spanning_tree
-from perturb.structured import _matrix_tree as _mt
+from perturb.structured.trees import matrix_tree as _mt
 
 try:  # the peer library
     from torch_struct import NonProjectiveDependencyCRF

@@ -64,6 +64,9 @@ NAN_S[0, 1, 2] = math.nan
 LOWER = torch.zeros(4, 3)
 UPPER = torch.ones(4, 3)
 BOX = Box(LOWER, UPPER)
+TA = torch.tensor([0.5, 0.5], dtype=F64)          # transport marginals (Σ = 1)
+TB = torch.tensor([0.2, 0.3, 0.5], dtype=F64)
+TQ = torch.full((4,), 0.25, dtype=F64)            # uniform marginals of the 4 x 4 scores S
 
 
 def _score_cases(fn: Callable, name: str, matrix: bool = False) -> list[Case]:
@@ -249,6 +252,28 @@ CATALOGUE: dict[str, list[Case]] = {
     # structured --------------------------------------------------------------------------
     "Permutations": _int_cases(lambda n: St.Permutations(n_iters=n), "n_iters", 0)
     + [Case("tol < 0", lambda: St.Permutations(tol=-1.0), "tol")],
+    "Transport": [
+        Case("a negative", lambda: St.Transport(torch.tensor([-0.5, 1.5], dtype=F64), TB), "a"),
+        Case("b negative", lambda: St.Transport(TA, torch.tensor([1.5, -0.5, 0.0], dtype=F64)),
+             "b"),
+        Case("a NaN", lambda: St.Transport(torch.tensor([math.nan, 1.0], dtype=F64), TB), "a"),
+        Case("b zero total", lambda: St.Transport(TA, torch.zeros(3, dtype=F64)), "b"),
+        Case("sums differ", lambda: St.Transport(TA, 2 * TB), "sums"),
+        Case("a not a tensor", lambda: St.Transport([0.5, 0.5], TB), "a"),
+        Case("a int dtype", lambda: St.Transport(torch.tensor([1, 1]), TB), "a"),
+        Case("b 0-dim", lambda: St.Transport(TA, torch.tensor(1.0, dtype=F64)), "b"),
+        Case("batches do not broadcast", lambda: St.Transport(
+            TA.expand(2, 2), TB.expand(3, 3)), "batch"),
+        Case("n_iters 0", lambda: St.Transport(TA, TB, n_iters=0), "n_iters"),
+        Case("tol < 0", lambda: St.Transport(TA, TB, tol=-1.0), "tol"),
+        Case("scores of the wrong shape", lambda: St.Transport(TA, TB).argmax(S), "w"),
+        Case("scores transposed", lambda: perturb.relax(
+            torch.randn(3, 2, dtype=F64), St.Transport(TA, TB)), "shape"),
+        Case("marginal batch larger than the scores'", lambda: St.Transport(
+            TA.expand(4, 2), TB).argmax(torch.randn(2, 3, dtype=F64)), "broadcast"),
+        Case("enumerate n not m", lambda: St.Transport(TA, TB).enumerate(2), "n"),
+    ] + _score_cases(lambda w: St.Transport(TQ, TQ).argmax(w), "w", matrix=True)
+    + _tau_cases(lambda t: perturb.regularized_argmax(S, St.Transport(TQ, TQ), tau=t)),
     "sinkhorn": _score_cases(St.sinkhorn, "log_alpha", matrix=True)
     + _tau_cases(lambda t: St.sinkhorn(S, tau=t)) + [
         Case("unknown backward", lambda: St.sinkhorn(S, backward="auto2"), "backward"),
@@ -545,6 +570,7 @@ NOTHING_TO_VALIDATE = {
     "Regularizer": "abstract base class",
     "Noise": "abstract base class",
     "SinkhornConvergenceWarning": "a warning class",
+    "WilsonStepLimit": "an exception class",
     "CompletenessReport": "result container",
     "MinimalityReport": "result container",
     "CompletenessWitness": "result container",

@@ -22,6 +22,7 @@ from perturb.structured import (
     KSubset,
     Permutations,
     SpanningTrees,
+    Transport,
 )
 from perturb.structures import Simplex
 
@@ -31,6 +32,9 @@ EXAMPLES = {
     "Simplex": lambda: (Simplex(), (5,)),
     "KSubset": lambda: (KSubset(2), (5,)),
     "Permutations": lambda: (Permutations(n_iters=1000, tol=1e-12), (4, 4)),
+    "Transport": lambda: (Transport(torch.tensor([0.3, 0.3, 0.4], dtype=torch.float64),
+                                    torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64),
+                                    n_iters=1000, tol=1e-12), (3, 4)),
     "SpanningTrees": lambda: (SpanningTrees(), (4, 4)),
     "Arborescences": lambda: (Arborescences(), (4, 4)),
     "CorrelatedKSubset": lambda: (CorrelatedKSubset(2), (7,)),    # d = 4 items, 3 pairs
@@ -139,8 +143,9 @@ def test_bad_input_contract(pair):
         (dict(), torch.zeros(event[:-1]), "w"),
         (dict(backward="no-such-mode"), w, "backward"),
     ]
-    if len(event) == 2:
-        cases.append((dict(), torch.zeros(2, event[0], event[1] + 1), "square"))
+    if len(event) == 2:   # a matrix of the wrong shape: not square, or not the marginals' sizes
+        cases.append((dict(), torch.zeros(2, event[0], event[1] + 1),
+                      "square" if structure.square else "shape"))
     for kwargs, bad, match in cases:
         with pytest.raises(ValueError, match=match):
             _run(regularized_argmax, bad, structure, reg, **kwargs)

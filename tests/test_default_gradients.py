@@ -41,6 +41,7 @@ from perturb.structured import (
     CorrelatedKSubset,
     KSubset,
     Permutations,
+    Transport,
     SinkhornConvergenceWarning,
     SpanningTrees,
 )
@@ -70,6 +71,8 @@ CASES = {
     "Simplex": (8, 0.2, lambda data, n: Simplex()),
     "KSubset": (8, 0.2, lambda data, n: KSubset(data.draw(st.integers(1, n), label="k"))),
     "Permutations": (6, 0.3, lambda data, n: Permutations()),
+    # n x (n + 1) plans with drawn positive masses (see _transport)
+    "Transport": (5, 0.3, lambda data, n: _transport(data, n)),
     "SpanningTrees": (6, 0.2, lambda data, n: SpanningTrees()),
     "Arborescences": (6, 0.2, lambda data, n: Arborescences(
         data.draw(st.integers(0, n - 1), label="root"))),
@@ -79,12 +82,21 @@ CASES = {
 }
 TAU_MAX = 2.0
 #: hypothesis examples per pair (default 60): the file runs in 10-15 s on 2 CPU cores.
-MAX_EXAMPLES = {"Permutations": 30}
+MAX_EXAMPLES = {"Permutations": 30, "Transport": 30}
 
 #: the tightly converged twin of a default structure, for finite differences of its forward.
 CONVERGED = {
     "Permutations": lambda s: Permutations(n_iters=100_000, tol=1e-13),
+    "Transport": lambda s: Transport(s.a, s.b, n_iters=100_000, tol=1e-13),
 }
+
+
+def _transport(data, n):
+    """Transport(a, b) with default solver settings: masses in [0.2, 1.2), b rescaled to Σa."""
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**32 - 1), label="masses"))
+    a = 0.2 + torch.rand(n, dtype=DTYPE, generator=gen)
+    b = 0.2 + torch.rand(n + 1, dtype=DTYPE, generator=gen)
+    return Transport(a, b * a.sum() / b.sum())
 
 
 def _case(name):
@@ -96,6 +108,8 @@ def _case(name):
 def _event(structure, n):
     if isinstance(structure, CorrelatedKSubset):
         return (2 * n - 1,)                           # d = n unary and n − 1 pairwise scores
+    if isinstance(structure, Transport):
+        return structure.sizes                        # (n, n + 1)
     return (n,) if structure.event_dim == 1 else (n, n)
 
 
@@ -222,6 +236,7 @@ REFERENCES = {
     ("KSubset", "BinaryEntropy"): (_finite_differences, FD),
     ("KSubset", "ExpFamilyEntropy"): (_brute_force, EXACT),
     ("Permutations", "Entropy"): (_finite_differences, SINKHORN_DEFAULT),
+    ("Transport", "Entropy"): (_finite_differences, SINKHORN_DEFAULT),
     ("SpanningTrees", "ExpFamilyEntropy"): (_brute_force, EXACT),
     ("Arborescences", "ExpFamilyEntropy"): (_brute_force, EXACT),
     ("CorrelatedKSubset", "ExpFamilyEntropy"): (_brute_force, EXACT),

@@ -13,6 +13,8 @@ loss must be finite and the output must satisfy its structure's linear constrain
 - Permutations: rows or columns sum to 1 (the last normalisation), the other side within the
   tolerance the solver reports using (``SinkhornSolution.tol``: max(tol, its rounding floor)), or
   within the error it measured when it warned of non-convergence;
+- Transport(a, b) (n x (n + 1) plans, unequal masses): as Permutations with row sums a and column
+  sums b, entries in [0, min(a_i, b_j)];
 - SpanningTrees: symmetric, zero diagonal, Σμ = 2(n − 1) (each edge counted twice);
 - Arborescences(root): every non-root column sums to 1, the root's column to 0.
 
@@ -39,8 +41,9 @@ from perturb.structured import (
     Permutations,
     SinkhornConvergenceWarning,
     SpanningTrees,
+    Transport,
 )
-from perturb.structured._sinkhorn import sinkhorn_iterate
+from perturb.structured.permutations._sinkhorn import sinkhorn_iterate
 from perturb.structures import Simplex
 
 SUPPORTED = [p for p in registered_pairs() if p.supported]
@@ -52,6 +55,8 @@ CASES = {
     "Simplex": (20, 1000, lambda n: Simplex()),
     "KSubset": (20, 1000, lambda n: KSubset(max(1, n // 3))),
     "Permutations": (12, 1000, lambda n: Permutations()),
+    # n x (n + 1) plans with unequal masses (see _marginals)
+    "Transport": (12, 300, lambda n: Transport(*_marginals(n))),
     "SpanningTrees": (12, 200, lambda n: SpanningTrees()),
     "Arborescences": (12, 200, lambda n: Arborescences(n // 2)),
     # n is the number of items d: scores of size 2d − 1 (see _event)
@@ -59,9 +64,18 @@ CASES = {
 }
 
 
+def _marginals(n):
+    """Row masses 1, 2, 3, 1, 2, ... and n + 1 equal column masses with the same total."""
+    a = (torch.arange(n, dtype=torch.float64) % 3 + 1)
+    b = torch.full((n + 1,), float(a.sum()) / (n + 1), dtype=torch.float64)
+    return a, b
+
+
 def _event(structure, n):
     if isinstance(structure, CorrelatedKSubset):
         return (2 * n - 1,)
+    if isinstance(structure, Transport):
+        return (n, n + 1)
     return (n,) if structure.event_dim == 1 else (n, n)
 
 
@@ -83,15 +97,25 @@ def _check_constraints(structure, w, y, warned):
     y64 = y.detach().double()
     n = y.shape[-1]
     slack = 4 * eps
-    if isinstance(structure, Permutations):
-        sol = sinkhorn_iterate(w.double() / TAU, torch.ones(w.shape[:-1], dtype=torch.float64),
-                               torch.ones(w.shape[:-1], dtype=torch.float64), None, None,
-                               structure.n_iters, structure.tol)
+    upper = torch.ones((), dtype=torch.float64)
+    if isinstance(structure, (Permutations, Transport)):
+        if isinstance(structure, Transport):
+            a = structure.a.expand(*w.shape[:-1]).double()
+            b = structure.b.expand(*w.shape[:-2], w.shape[-1]).double()
+            upper = torch.minimum(a.unsqueeze(-1), b.unsqueeze(-2))
+        else:
+            a = b = torch.ones(w.shape[:-1], dtype=torch.float64)
+        sol = sinkhorn_iterate(w.double() / TAU, a, b, None, None, structure.n_iters,
+                               structure.tol)
         # the exponent of an entry is rounded at the scale of |W|/τ: the floor in sol.tol
-        slack = float(sol.tol.max()) + 4 * eps
+        slack = float(sol.tol.max()) + 4 * eps * float(upper.max())
     if isinstance(structure, (SpanningTrees, Arborescences)):
         slack += 1e-9                      # their documented accuracy (below)
-    below, above = float((-y64).max()), float((y64 - 1).max())
+    if isinstance(structure, Transport):
+        # y_ij <= min(row sum, column sum): the side that is not normalised last is within the
+        # marginal tolerance (or the error the solver warned of)
+        upper = upper + float((sol.error if warned else sol.tol).max())
+    below, above = float((-y64).max()), float((y64 - upper).max())
     assert below <= slack and above <= slack, f"entries outside [0, 1] by {max(below, above):.3g}"
 
     # the tree marginals come from a linear solve checked a posteriori to 1e-9 relative
@@ -113,9 +137,9 @@ def _check_constraints(structure, w, y, warned):
         # a pair is chosen only with both its items: μ_{d+j} ≤ min(μ_j, μ_{j+1})
         both = torch.minimum(y64[..., :d - 1], y64[..., 1:d])
         assert (y64[..., d:] <= both + slack).all(), "pair marginal above an item marginal"
-    elif isinstance(structure, Permutations):
-        rows = (y64.sum(-1) - 1).abs().amax(-1)
-        cols = (y64.sum(-2) - 1).abs().amax(-1)
+    elif isinstance(structure, (Permutations, Transport)):
+        rows = (y64.sum(-1) - a).abs().amax(-1)
+        cols = (y64.sum(-2) - b).abs().amax(-1)
         # one side is exact (the last normalisation), the other within the tolerance used, or
         # within the error the solver measured and warned about
         allowed = (sol.error if warned else sol.tol).double() + 4 * eps

@@ -26,6 +26,7 @@ from perturb.structured import (
     CorrelatedKSubset,
     KSubset,
     Permutations,
+    Transport,
     SinkhornConvergenceWarning,
     SpanningTrees,
 )
@@ -309,6 +310,8 @@ STRUCTURES = {
     "Permutations": (Permutations(), (5, 5)), "SpanningTrees": (SpanningTrees(), (5, 5)),
     "Arborescences": (Arborescences(0), (5, 5)),
     "CorrelatedKSubset": (CorrelatedKSubset(2), (7,)),
+    "Transport": (Transport(torch.full((5,), 0.2, dtype=torch.float64),
+                            torch.full((6,), 1 / 6, dtype=torch.float64)), (5, 6)),
 }
 PAIRS = [p for p in registered_pairs() if p.supported]
 

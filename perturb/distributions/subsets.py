@@ -14,7 +14,7 @@ from perturb._validation import check_score_shape
 from perturb.distributions.constraints import log_potential
 from perturb.distributions.gibbs import GibbsDistribution, _masked_score, _resolve_validate
 from perturb.structured import KSubset, ksubset_log_partition, ksubset_marginals, sample_ksubset
-from perturb.structured._subset_dp import _check_feasible, _check_k
+from perturb.structured.subsets.dp import _check_feasible, _check_k
 
 __all__ = ["KSubsetDistribution"]
 

@@ -111,7 +111,7 @@ def test_errors():
 
 def test_entropy_gradient_of_a_peaked_arborescence():
     """Once NaN: the double backward of log through the reduced weights (denormal-small on this
-    peaked graph) overflowed in reduced_marginals_vjp (tests/structured/test__tree_elimination.py)."""
+    peaked graph) overflowed in reduced_marginals_vjp (tests/structured/trees/test__elimination.py)."""
     torch.manual_seed(12)
     w = (1e4 * torch.randn(2, 6, 6))[1].double().requires_grad_()
     d = ArborescenceDistribution(w, root=3)

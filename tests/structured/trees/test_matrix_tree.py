@@ -7,15 +7,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perturb.structured import _matrix_tree as mt
-from perturb.structured._matrix_tree import (
+from perturb.structured.trees import matrix_tree as mt
+from perturb.structured.trees.matrix_tree import (
     arborescence_log_partition,
     arborescence_marginals,
     spanning_tree_log_partition,
     spanning_tree_marginals,
 )
-from perturb.structured._tree_elimination import elimination_log_partition
-from perturb.structured._tree_solvers import (
+from perturb.structured.trees._elimination import elimination_log_partition
+from perturb.structured.trees.structures import (
     enumerate_arborescences,
     enumerate_spanning_trees,
     max_arborescence,
@@ -360,7 +360,7 @@ def test_check_flags_non_finite_and_out_of_range():
 def test_elimination_fused_logaddexp_matches(generator):
     """The once-differentiable elimination (fused torch.logaddexp) gives the same log Z and
     marginals as the twice-differentiable one, also at extreme scores."""
-    from perturb.structured._tree_elimination import elimination_marginals
+    from perturb.structured.trees._elimination import elimination_marginals
     n = 7
     valid = ~torch.eye(n, dtype=torch.bool)
     valid[:, 0] = False
@@ -407,7 +407,7 @@ def test_lu_accepted_only_where_accurate(generator):
     its marginals and log Z agree with the log-space elimination to 1e-9, on random scores
     up to scale 50 and on nested near-closed cycles; and the estimate is not vacuous (most
     scale-20 graphs of 64 nodes still fail it, so the reduction below is exercised)."""
-    from perturb.structured._tree_elimination import elimination_marginals
+    from perturb.structured.trees._elimination import elimination_marginals
     for s in _peaked_cases(generator):
         n = s.shape[-1]
         valid = (~torch.eye(n, dtype=torch.bool)).clone()
@@ -425,7 +425,7 @@ def test_cycle_reduction_matches_elimination(n, scale, generator):
     """The cycle reduction (LU of all nodes but one per cycle of best parents, log-space
     elimination of those) against the full log-space elimination: μ, log Z and the
     Hessian–vector product of the backward."""
-    from perturb.structured._tree_elimination import (
+    from perturb.structured.trees._elimination import (
         cycle_representatives,
         elimination_marginals,
         elimination_marginals_vjp,
@@ -456,7 +456,7 @@ def test_peaked_batch_paths_and_sums(generator):
     """16×64×64 scores ×20 (as a trained parser produces): most elements leave the LU path,
     the cycle reduction takes them (no full elimination), Σμ = n − 1 to 1e-9, and the
     gradient matches the elimination's."""
-    from perturb.structured._tree_elimination import elimination_marginals_vjp
+    from perturb.structured.trees._elimination import elimination_marginals_vjp
     n = 64
     w = 20 * torch.randn(16, n, n, dtype=D, generator=generator)
     valid = (~torch.eye(n, dtype=torch.bool)).clone()

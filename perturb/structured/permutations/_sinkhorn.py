@@ -1,5 +1,5 @@
 r"""Sinkhorn iterations (log domain and absorbed scaling, accelerated) and their implicit backward
-(private; see ``permutations.py``).
+(private; the public function is :func:`perturb.structured.permutations.sinkhorn.sinkhorn`).
 
 The problem (entropic optimal transport with cost −W and regularization τ)::
 
@@ -131,7 +131,8 @@ def _graphed_iterations(K, a_c, b_c, eu, ev, omega, n_full):
     dominates the arithmetic; a replayed graph launches a chunk at once (measured on an H100:
     64 µs → 8.7 µs per iteration at 64 x 128 x 128 float32). Graphs are cached per (shape,
     dtype, device, over-relaxation) and read/write static buffers, so results are identical to
-    the eager iterations. Disable with ``perturb.structured._sinkhorn.USE_CUDA_GRAPHS = False``.
+    the eager iterations. Disable with
+    ``perturb.structured.permutations._sinkhorn.USE_CUDA_GRAPHS = False``.
     """
     chunks = n_full // _GRAPH_CHUNK
     if chunks == 0:
@@ -497,6 +498,10 @@ def sinkhorn_vjp(plan: torch.Tensor, grad_plan: torch.Tensor,
         a_s = torch.where(row_valid, a_s, 1.0)
     if col_valid is not None:
         b_s = torch.where(col_valid, b_s, 1.0)
+    # a row or column whose mass underflowed to 0 (a plan stopped short at extreme scales)
+    # carries no mass: treated as padding, it would otherwise divide 0 by 0
+    a_s = torch.where(a_s > 0, a_s, 1.0)
+    b_s = torch.where(b_s > 0, b_s, 1.0)
     if m <= n:  # Schur complement on the columns
         pa = plan / a_s.unsqueeze(-1)
         S = torch.diag_embed(b_s) - plan.transpose(-1, -2) @ pa

@@ -1,23 +1,19 @@
-"""Tests of perturb.structured.permutations: Sinkhorn, its backward modes, matching, the structure.
+"""Tests of perturb/structured/permutations/sinkhorn.py: Sinkhorn, Gumbel-Sinkhorn, their backward modes.
 
-Oracles: POT (entropic OT and exact EMD), scipy's linear_sum_assignment, brute force over the n!
-permutation matrices, the closed form for n = 2, the entropy bound of the τ → 0 limit, and
-float64 gradcheck for both backward modes.
+Oracles: POT (entropic OT), brute force over the n! permutation matrices, the closed form for
+n = 2, and float64 gradcheck for both backward modes.
 """
 import math
 import warnings
 
-import numpy as np
 import ot
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.optimize import linear_sum_assignment
 
 import perturb
-from perturb.structured import Permutations, gumbel_sinkhorn, matching, sinkhorn
-from perturb.structured._sinkhorn import sinkhorn_vjp
+from perturb.structured import gumbel_sinkhorn, matching, sinkhorn
 from perturb.structured.permutations import SinkhornConvergenceWarning
 
 F64 = torch.float64
@@ -39,10 +35,6 @@ def _project(ga, gb):
     t = ((gb.sum(-1) - ga.sum(-1)) / (ga.shape[-1] + gb.shape[-1])).unsqueeze(-1)
     return ga + t, gb - t
 
-
-# ------------------------------------------------------------------------------------------
-# forward
-# ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("tau", [1.0, 0.3])
@@ -115,62 +107,6 @@ def test_property_marginals_and_optimality(n, m, batch, tau, seed, square):
     resid = L - L[..., :, :1] - L[..., :1, :] + L[..., :1, :1]
     assert resid.abs().max() < 1e-8
 
-
-# ------------------------------------------------------------------------------------------
-# matching and the τ → 0 limit
-# ------------------------------------------------------------------------------------------
-
-def test_matching_equals_scipy_emd_and_brute_force():
-    w = _randn(3, 2, 5, 5, seed=6)
-    M = matching(w)
-    assert M.shape == w.shape and M.dtype == w.dtype
-    assert bool(Permutations().check(M).all())
-    verts = Permutations().enumerate(5, dtype=F64)
-    flat_w, flat_m = w.reshape(-1, 5, 5), M.reshape(-1, 5, 5)
-    uniform = torch.full((5,), 1 / 5, dtype=F64)
-    for wk, mk in zip(flat_w, flat_m):
-        r, c = linear_sum_assignment(wk.numpy(), maximize=True)
-        ref = torch.zeros(5, 5, dtype=F64)
-        ref[r, c] = 1
-        torch.testing.assert_close(mk, ref)
-        torch.testing.assert_close(mk, 5 * ot.emd(uniform, uniform, -wk))
-        torch.testing.assert_close(mk, verts[(verts * wk).sum((-2, -1)).argmax()])
-
-
-def test_matching_rectangular_and_float32():
-    w = _randn(4, 3, 5, seed=7, dtype=torch.float32)
-    M = matching(w)
-    assert M.dtype == torch.float32
-    assert bool((M.sum(-1) == 1).all()) and bool((M.sum(-2) <= 1).all())
-    for wk, mk in zip(w, M):
-        r, c = linear_sum_assignment(wk.numpy(), maximize=True)
-        assert float(mk[r, c].sum()) == 3
-
-
-def test_small_tau_approaches_matching():
-    """⟨W, M⟩ − ⟨W, P_τ⟩ ≤ τ (H(P_τ) − H(M)) ≤ τ n log n, and, writing P_τ as a mixture of
-    permutations with weight λ on M, max|P_τ − M| ≤ 1 − λ ≤ (⟨W, M⟩ − ⟨W, P_τ⟩)/Δ with Δ the
-    gap between the best and second-best permutation (brute force)."""
-    n = 6
-    w = 3 * _randn(n, n, seed=8)
-    M = matching(w)
-    values = (Permutations().enumerate(n, dtype=F64) * w).sum((-2, -1)).sort(descending=True)[0]
-    delta = float(values[0] - values[1])
-    dists = []
-    for tau in (1.0, 0.1, 0.03):
-        P = sinkhorn(w, tau=tau, n_iters=3000, tol=1e-10)
-        value_gap = float(((M - P) * w).sum())
-        assert -1e-9 <= value_gap <= tau * n * math.log(n) + 1e-9
-        dist = float((P - M).abs().max())
-        assert dist <= value_gap / delta + 1e-9
-        dists.append(dist)
-    assert dists == sorted(dists, reverse=True)
-    assert dists[-1] <= 0.03 * n * math.log(n) / delta
-
-
-# ------------------------------------------------------------------------------------------
-# backward
-# ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape", [(2, 5, 5), (2, 4, 6), (2, 6, 3)])
 def test_implicit_equals_unroll(shape):
@@ -276,25 +212,6 @@ def test_gradcheck_marginals(backward):
     assert torch.autograd.gradcheck(f, (w, a, b))
 
 
-def test_vjp_is_symmetric():
-    """τ ∂P/∂W is the Hessian of a convex function: ⟨J G1, G2⟩ = ⟨G1, J G2⟩."""
-    w = _randn(2, 5, 4, seed=15)
-    a, b = _marginals(5, 4, (2,), seed=16)
-    P = sinkhorn(w, tau=0.5, n_iters=3000, tol=1e-13, a=a, b=b)
-    g1, g2 = _randn(2, 5, 4, seed=17), _randn(2, 5, 4, seed=18)
-    j1 = sinkhorn_vjp(P, g1)[0]
-    j2 = sinkhorn_vjp(P, g2)[0]
-    torch.testing.assert_close((j1 * g2).sum((-2, -1)), (j2 * g1).sum((-2, -1)), atol=1e-12,
-                               rtol=0)
-    # the plan's marginals are fixed: J G has zero row and column sums
-    torch.testing.assert_close(j1.sum(-1), torch.zeros(2, 5, dtype=F64), atol=1e-12, rtol=0)
-    torch.testing.assert_close(j1.sum(-2), torch.zeros(2, 4, dtype=F64), atol=1e-12, rtol=0)
-
-
-# ------------------------------------------------------------------------------------------
-# masks (padded variable-size batches)
-# ------------------------------------------------------------------------------------------
-
 @pytest.mark.parametrize("backward", ["implicit", "unroll"])
 def test_mask_equals_unpadded_square(backward):
     sizes, n = [3, 5, 4], 5
@@ -332,10 +249,6 @@ def test_mask_rectangular_with_marginals():
         assert float(P[k].sum()) == pytest.approx(float(a[k, :r].sum()), abs=1e-10)
 
 
-# ------------------------------------------------------------------------------------------
-# numerical stability
-# ------------------------------------------------------------------------------------------
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("backward", ["implicit", "unroll"])
 def test_extreme_scores_and_tiny_tau_are_finite(dtype, backward):
@@ -354,7 +267,7 @@ def test_extreme_scores_and_tiny_tau_are_finite(dtype, backward):
 def test_float32_beyond_its_range_is_solved_in_float64():
     """|W|/τ ≈ 1e7: float32 potentials keep no fractional digits (a marginal error of about 40
     was reported before); the kernel is solved in float64 and the plan rounded to float32."""
-    from perturb.structured._sinkhorn import F32_FLOOR_LIMIT
+    from perturb.structured.permutations._sinkhorn import F32_FLOOR_LIMIT
     w = 1e4 * _randn(2, 5, 5, seed=36, dtype=torch.float32)
     assert 4 * torch.finfo(torch.float32).eps * float(w.abs().max() / 1e-3) > F32_FLOOR_LIMIT
     with warnings.catch_warnings():
@@ -408,57 +321,13 @@ def test_non_convergence_warning_says_what_to_change():
     (dict(mask=torch.ones(3, 3)), "mask"),
     (dict(mask=torch.tensor([[True, True, False]] * 3)), "mask"),
 ])
+
+
 def test_bad_input_raises_naming_the_argument(kwargs, match):
     args = dict(log_alpha=torch.zeros(3, 3))
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         sinkhorn(**args)
-
-
-def test_matching_bad_input():
-    with pytest.raises(ValueError, match="w"):
-        matching(torch.tensor([[float("nan"), 0.0], [0.0, 0.0]]))
-    with pytest.raises(ValueError, match="w"):
-        matching(torch.zeros(3))
-
-
-# ------------------------------------------------------------------------------------------
-# the structure, the registry and Gumbel-Sinkhorn
-# ------------------------------------------------------------------------------------------
-
-def test_structure_contract():
-    s = Permutations()
-    verts = s.enumerate(4)
-    assert verts.shape == (24, 4, 4)
-    assert len({tuple(v.flatten().tolist()) for v in verts}) == 24
-    assert bool(s.check(verts).all())
-    assert not bool(s.check(torch.full((4, 4), 0.25)))
-    assert not bool(s.check(torch.eye(4)[[0, 0, 1, 2]]))
-    assert repr(s) == "Permutations()"
-    assert repr(Permutations(n_iters=50)) == "Permutations(n_iters=50)"
-    w = _randn(2, 4, 4, seed=29)
-    torch.testing.assert_close(perturb.argmax(w, s), matching(w))
-
-
-def test_registry_solver_and_unsupported_pair():
-    w = _randn(2, 4, 4, seed=30)
-    P = perturb.regularized_argmax(w, Permutations(n_iters=2000, tol=1e-12), tau=0.5)
-    torch.testing.assert_close(P, sinkhorn(w, tau=0.5, n_iters=2000, tol=1e-12))
-    pairs = {(p.structure, p.regularizer): p for p in perturb.registered_pairs()}
-    assert pairs[("Permutations", "Entropy")].backward[:2] == ("implicit", "unroll")
-    assert not pairs[("Permutations", "ExpFamilyEntropy")].supported
-    with pytest.raises(NotImplementedError, match="permanent"):
-        perturb.regularized_argmax(w, Permutations(), perturb.ExpFamilyEntropy())
-
-
-def test_relax_hard_is_straight_through_permutation():
-    theta = _randn(3, 5, 5, seed=31).requires_grad_()
-    g = torch.Generator().manual_seed(0)
-    P = perturb.relax(theta, structure=Permutations(n_iters=2000), tau=0.5, hard=True,
-                      generator=g)
-    assert bool(Permutations().check(P).all())
-    (P * _randn(3, 5, 5, seed=32)).sum().backward()
-    assert bool(torch.isfinite(theta.grad).all()) and theta.grad.abs().max() > 0
 
 
 def test_gumbel_sinkhorn_is_sinkhorn_of_perturbed_scores():
@@ -510,10 +379,6 @@ def test_cuda_matches_cpu(backward):
     torch.testing.assert_close(matching(wc).cpu(), matching(wh))
 
 
-# ------------------------------------------------------------------------------------------
-# the iteration engine: acceleration, ε-scaling, op counts, per-problem τ
-# ------------------------------------------------------------------------------------------
-
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(2, 10), m=st.integers(2, 10), batch=st.integers(1, 3),
        tau=st.floats(0.1, 2.0), kind=st.sampled_from(["square", "marginals", "mask"]),
@@ -554,58 +419,6 @@ def test_gradcheck_accelerated(opts, backward):
     assert torch.autograd.gradcheck(f, (w, tau))
 
 
-def test_hard_case_iterations():
-    """τ = 0.05 on 16 x 64 x 64 (float64, tol 1e-6): plain Sinkhorn needs > 20,000 iterations;
-    the default engine reaches tol within 2,000, ε-scaling within 1,000."""
-    from perturb.structured._sinkhorn import sinkhorn_iterate
-    w = _randn(16, 64, 64, seed=0)
-    ones = torch.ones(16, 64, dtype=F64)
-    for opts, cap in ((dict(), 2000), (dict(eps_scaling=True), 1000)):
-        sol = sinkhorn_iterate(w / 0.05, ones, ones, None, None, cap, 1e-6, **opts)
-        assert bool((sol.error <= 1e-6).all()), (opts, sol.n_iters, float(sol.error.max()))
-        assert (sol.plan.sum(-1) - 1).abs().max() <= 1e-6
-        assert (sol.plan.sum(-2) - 1).abs().max() <= 1e-6
-
-
-def test_ops_per_iteration():
-    """Dispatched aten ops per iteration (each one kernel on a GPU): 4 on the absorbed kernel
-    (2 mat-vecs, 2 divisions), 6 in log space (2 × add, logsumexp, sub), 10 over-relaxed."""
-    from perturb.structured._sinkhorn import _log_block, _scaling_block
-
-    def ops(fn):
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            fn()
-        return sum(1 for e in prof.events() if e.name.startswith("aten::") and (
-            e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
-
-    lk = _randn(2, 6, 6, seed=41)
-    u, v = torch.zeros(2, 6, 1, dtype=F64), torch.zeros(2, 1, 6, dtype=F64)
-    a = torch.ones(2, 6, dtype=F64)
-    om = torch.full((2, 1, 1), 1.5, dtype=F64)
-    per_iter = {}
-    for name, fn in {
-        "scaling": lambda k: _scaling_block(lk, u, v, a, a, k, None, None, 200.0),
-        "relaxed": lambda k: _scaling_block(lk, u, v, a, a, k, om, None, 200.0),
-        "log": lambda k: _log_block(lk, u, v, a.log().unsqueeze(-1), a.log().unsqueeze(-2),
-                                    a.unsqueeze(-1), k, None, None),
-    }.items():
-        per_iter[name] = (ops(lambda: fn(20)) - ops(lambda: fn(10))) / 10
-    assert per_iter == {"scaling": 4, "relaxed": 10, "log": 6}
-
-
-def test_extreme_scores_use_the_log_fallback():
-    """Scores ±1e4 at τ = 1e-3 overflow the absorbed kernel; the blocks are redone in log space
-    and the converged plan matches plain log-domain Sinkhorn."""
-    w = 1e4 * torch.sign(_randn(2, 6, 6, seed=42)) + _randn(2, 6, 6, seed=43)
-    P = sinkhorn(w, tau=1e-3, n_iters=5000, tol=1e-9)
-    ref = sinkhorn(w, tau=1e-3, n_iters=5000, tol=1e-9, accelerate=False)
-    assert bool(torch.isfinite(P).all())
-    # tol is raised to the rounding floor 4 ε max|W/τ| ≈ 4 · 2.2e-16 · 2e7 ≈ 2e-8 here
-    floor = 4 * torch.finfo(F64).eps * float((w / 1e-3).abs().max() * 2)
-    torch.testing.assert_close(P, ref, atol=2 * floor, rtol=0)
-    assert (P.sum(-1) - 1).abs().max() <= floor and (P.sum(-2) - 1).abs().max() <= floor
-
-
 def test_tensor_tau_follows_the_batch_rule():
     """A per-problem τ broadcasts against the batch without enlarging it (scale_by_tau's rule)."""
     w = _randn(3, 4, 4, seed=44)
@@ -618,43 +431,3 @@ def test_tensor_tau_follows_the_batch_rule():
     for k in range(3):
         torch.testing.assert_close(P[k], sinkhorn(w[k], tau=float(taus[k]), tol=1e-10,
                                                   n_iters=5000), atol=1e-9, rtol=0)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
-@pytest.mark.parametrize("opts", [dict(), dict(accelerate=False), dict(eps_scaling=True)])
-def test_cuda_engine_matches_cpu(opts):
-    w = _randn(4, 12, 12, seed=45)
-    up = _randn(4, 12, 12, seed=46)
-    tau = torch.tensor([0.2, 0.5, 1.0, 2.0], dtype=F64)
-    out = {}
-    for dev in ("cpu", "cuda"):
-        x = w.to(dev).requires_grad_()
-        P = sinkhorn(x, tau=tau.to(dev), n_iters=20000, tol=1e-12, **opts)
-        (gw,) = torch.autograd.grad((P * up.to(dev)).sum(), x)
-        out[dev] = (P.cpu(), gw.cpu())
-    torch.testing.assert_close(out["cuda"][0], out["cpu"][0], atol=1e-10, rtol=0)
-    torch.testing.assert_close(out["cuda"][1], out["cpu"][1], atol=1e-8, rtol=1e-7)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
-@pytest.mark.parametrize("omega", [None, 1.6])
-def test_cuda_graphs_equal_eager(omega):
-    """The graph-replayed iterations compute exactly the eager ones."""
-    from perturb.structured import _sinkhorn as S
-    g = torch.Generator().manual_seed(47)
-    lk = torch.randn(3, 9, 7, generator=g, dtype=F64).cuda()
-    a = torch.ones(3, 9, dtype=F64).cuda()
-    b = torch.full((3, 7), 9 / 7, dtype=F64).cuda()
-    u, v = torch.zeros(3, 9, 1, dtype=F64).cuda(), torch.zeros(3, 1, 7, dtype=F64).cuda()
-    om = None if omega is None else torch.full((3, 1, 1), omega, dtype=F64).cuda()
-    out = {}
-    for use in (True, False):
-        S.USE_CUDA_GRAPHS = use
-        try:
-            with torch.no_grad():
-                out[use] = S._scaling_block(lk, u, v, a, b, 31, om, None, 200.0)
-        finally:
-            S.USE_CUDA_GRAPHS = True
-    torch.testing.assert_close(out[True].u, out[False].u, atol=1e-12, rtol=0)
-    torch.testing.assert_close(out[True].v, out[False].v, atol=1e-12, rtol=0)
-    torch.testing.assert_close(out[True].error, out[False].error, atol=1e-12, rtol=0)

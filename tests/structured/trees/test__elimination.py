@@ -1,4 +1,4 @@
-"""perturb/structured/_tree_elimination.py: the log-space elimination and the cycle reduction."""
+"""perturb/structured/trees/_elimination.py: the log-space elimination and the cycle reduction."""
 import torch
 
 

@@ -1,10 +1,10 @@
-"""perturb/structured/_graph_input.py: the input handling shared by every tree function."""
+"""perturb/structured/trees/_graph_input.py: the input handling shared by every tree function."""
 import math
 
 import pytest
 import torch
 
-from perturb.structured._graph_input import _detached, _prepare, _reachable
+from perturb.structured.trees._graph_input import _detached, _prepare, _reachable
 
 
 def test_complete_graph_fast_case_is_a_broadcast_pattern():

@@ -1,4 +1,4 @@
-"""The log-depth k-subset tree (perturb/structured/_subset_dp.py) against independent oracles.
+"""The log-depth k-subset tree (perturb/structured/subsets/dp.py) against independent oracles.
 
 Oracles: enumeration of all C(n, k) subsets (float64), the former sequential DP (kept in the
 module as a private reference), float64 gradcheck, the three kernels against each other, and
@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from perturb import set_validation
 from perturb.structured import KSubset, topk
-from perturb.structured import _subset_dp as dp
-from perturb.structured import _subset_tree as tree
-from perturb.structured._subset_dp import ksubset_log_partition, ksubset_marginals, sample_ksubset
+from perturb.structured.subsets import dp as dp
+from perturb.structured.subsets import _tree as tree
+from perturb.structured.subsets.dp import ksubset_log_partition, ksubset_marginals, sample_ksubset
 
 
 def _brute(w, k):

@@ -1,7 +1,7 @@
 r"""Kernels of the k-subset exponential family: the tilt ν and the tree over count distributions.
 
 The math (tilting, inside/outside passes, the tangent backward, sampling) is stated in
-:mod:`perturb.structured._subset_dp`; this module holds its tensor implementation, plain torch
+:mod:`perturb.structured.subsets.dp`; this module holds its tensor implementation, plain torch
 ops only (autograd can run through every function here), no validation.
 
 **Layout.** Rows are ``B`` flattened batch elements; each row is padded to N = 4·2^L ≥ n

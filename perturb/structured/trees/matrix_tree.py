@@ -61,8 +61,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from perturb.backward import resolve_backward, solve_with_backward
-from perturb.structured._graph_input import _prepare
-from perturb.structured._tree_elimination import (
+from perturb.structured.trees._graph_input import _prepare
+from perturb.structured.trees._elimination import (
     elimination_marginals,
     elimination_marginals_vjp,
     reduced_marginals,

@@ -28,7 +28,7 @@ log Σ_top σ(ν − y) = log Σ_rest σ(y − ν) (expected misses in the top k
 leaf is [1 − p_i, p_i]; two blocks merge by a truncated convolution,
 I_{b∪b'}[c] = Σ_j I_b[j] I_{b'}[c − j], c ≤ k. Blocks of four positions are formed in closed form
 from their 16 subset probabilities P_S, then merged pairwise, ⌈log₂(n/4)⌉ levels, each level one
-batched op over all pairs (layout and kernels: :mod:`perturb.structured._subset_tree`). A node's
+batched op over all pairs (layout and kernels: :mod:`perturb.structured.subsets._tree`). A node's
 vector has length min(k, block size) + 1, so the work is O(nk) and the temporaries O(B·n·k) at
 most, never O(B·n·k²). log Z = log I_root[k] + Σ_i softplus(y_i − ν) + kν.
 
@@ -51,7 +51,7 @@ to q(z), so the samples are exact, and it takes ⌈log₂ n⌉ steps for all sam
 
 Kernels (one depthwise correlation per merge, split and tangent level: ``conv1d`` on CPU in
 float32, windows by ``matmul`` on CPU otherwise, by ``vecdot`` elsewhere) and the leaf stage live
-in :mod:`perturb.structured._subset_tree`. Half-precision inputs are computed in float32.
+in :mod:`perturb.structured.subsets._tree`. Half-precision inputs are computed in float32.
 
 References: Paulus et al. (2020), "Gradient estimation with stochastic softmax tricks",
 arXiv:2006.08063, §4 and App.; Chen, Dempster & Liu (1994), "Weighted finite population sampling
@@ -67,12 +67,12 @@ import torch.nn.functional as F
 from perturb import _validation
 from perturb.backward import resolve_backward, solve_with_backward
 from perturb._validation import check_int, check_scores, check_tau, scale_by_tau
-from perturb.structured import _subset_tree as _tree
+from perturb.structured.subsets import _tree as _tree
 
 __all__ = ["ksubset_log_partition", "ksubset_marginals", "sample_ksubset"]
 
 # --------------------------------------------------------------------------------------------
-# argument handling shared with subsets.py
+# argument handling shared with topk.py
 # --------------------------------------------------------------------------------------------
 
 def _check_k(k: int, n: int, name: str = "k") -> int:
@@ -116,11 +116,11 @@ def _flat(y: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# the tilt and the autograd Functions (the tree itself: _subset_tree.py)
+# the tilt and the autograd Functions (the tree itself: _tree.py)
 # --------------------------------------------------------------------------------------------
 
 def _prepare(y: torch.Tensor, k: int, name: str = "w"):
-    """Shift, tilt and check feasibility; see :func:`perturb.structured._subset_tree._tilt`."""
+    """Shift, tilt and check feasibility; see :func:`perturb.structured.subsets._tree._tilt`."""
     ys, c, nu = _tree._tilt(y, k)
     _check_feasible(c, k, name)
     return ys, c, nu

@@ -1,4 +1,4 @@
-r"""k-subsets: exact top-k and its relaxations on the capped simplex.
+r"""k-subsets: the structure, exact top-k and its relaxations on the capped simplex.
 
 Z = {z ∈ {0,1}^n : Σ z = k}; conv Z is the capped simplex C_k = {x ∈ [0,1]^n : Σ x = k}.
 The exact argmax is top-k; the relaxations solve argmax_{x ∈ C_k} ⟨w, x⟩ − τ f(x) (see
@@ -11,7 +11,7 @@ regularizer f          solution                               solver
 ``SquaredNorm``        x = clip(y − ν, 0, 1)                  safeguarded Newton/bisection on ν
 ``Entropy``            x = min(1, exp(y − ν − 1))             exact, sort + cumulative logsumexp
 ``BinaryEntropy``      x = σ(y − ν)                           safeguarded Newton/bisection on ν
-``ExpFamilyEntropy``   x = ∇ log e_k(e^y) (marginals)          DP, :mod:`._subset_dp`
+``ExpFamilyEntropy``   x = ∇ log e_k(e^y) (marginals)          DP, :mod:`.dp`         
 =====================  =====================================  ===================================
 
 In the first three ν solves Σ_i φ(y_i − ν) = k for an increasing link φ, and the Jacobian has
@@ -45,19 +45,15 @@ from perturb.regularizers import (
     SquaredNorm,
 )
 from perturb.relax import regularized_argmax
-from perturb.structured._subset_dp import (
+from perturb.structured.subsets.dp import (
     MARGINAL_BACKWARDS,
     _check_k,
     _marginals_scaled,
     _marginals_unrolled,
-    ksubset_log_partition,
-    ksubset_marginals,
-    sample_ksubset,
 )
 from perturb.structures import Structure, register_solver
 
-__all__ = ["KSubset", "topk", "relaxed_topk", "ksubset_log_partition", "ksubset_marginals",
-           "sample_ksubset"]
+__all__ = ["KSubset", "topk", "relaxed_topk"]
 
 _KINDS = ("euclidean", "entropy", "sigmoid")
 

@@ -1,5 +1,7 @@
-r"""Exact tree solvers: maximum spanning tree (batched Prim in torch), maximum arborescence
-(Chu-Liu/Edmonds), membership checks and enumeration for tiny n.
+r"""The tree structures and their exact solvers: :class:`SpanningTrees`, :class:`Arborescences`,
+maximum spanning tree (batched Prim in torch), maximum arborescence (Chu-Liu/Edmonds),
+membership checks and enumeration for tiny n, and the registered relaxations (the matrix-tree
+marginals of :mod:`perturb.structured.trees.matrix_tree`).
 
 - :func:`max_spanning_tree`: argmax_T Σ_{{i,j}∈T} s_ij with s = (w + wᵀ)/2, by Prim's algorithm
   on dense matrices, vectorised over the batch: n − 1 steps of O(n) work per graph (O(n²) in
@@ -20,9 +22,24 @@ import itertools
 import numpy as np
 import torch
 
-from perturb.structured._graph_input import _detached, _prepare, _reachable
+from perturb._validation import check_int
+from perturb.regularizers import ExpFamilyEntropy, Regularizer
+from perturb.structured.trees._graph_input import (
+    _check_tree_scores,
+    _detached,
+    _prepare,
+    _reachable,
+)
+from perturb.structured.trees.matrix_tree import (
+    MARGINAL_BACKWARDS,
+    arborescence_marginals,
+    spanning_tree_marginals,
+)
+from perturb.structures import Structure, register_solver
 
-__all__ = ["max_spanning_tree", "max_arborescence"]
+__all__ = ["SpanningTrees", "Arborescences", "max_spanning_tree", "max_arborescence",
+           "is_spanning_tree", "is_arborescence", "enumerate_spanning_trees",
+           "enumerate_arborescences"]
 
 _MAX_ENUMERATE = 8
 
@@ -278,3 +295,104 @@ def enumerate_arborescences(n: int, root: int = 0, *, dtype=None, device=None) -
                 T[par[j], j] = 1
             out.append(T)
     return torch.tensor(np.stack(out), dtype=dtype or torch.get_default_dtype(), device=device)
+
+
+# --------------------------------------------------------------------------------------------
+# the structures
+# --------------------------------------------------------------------------------------------
+
+class SpanningTrees(Structure):
+    r"""Spanning trees of the complete graph on n nodes, as symmetric 0/1 adjacency matrices.
+
+    Shape: scores ``(*batch, n, n)`` (symmetric part used, ``-inf`` forbids an edge); vertices
+    ``(*batch, n, n)`` symmetric with n − 1 edges. ``argmax`` is :func:`max_spanning_tree`; the
+    default regularizer :class:`~perturb.regularizers.ExpFamilyEntropy` gives the edge marginals
+    (:func:`spanning_tree_marginals`).
+
+    Example::
+
+        >>> from perturb import relax
+        >>> theta = torch.randn(6, 6, requires_grad=True)
+        >>> x = relax(theta, SpanningTrees(), tau=0.5)   # marginals of a perturbed tree
+    """
+
+    event_dim = 2
+    square = True
+
+    def validate(self, w: torch.Tensor, name: str = "w") -> None:
+        _check_tree_scores(w, None, name)
+
+    def argmax(self, w: torch.Tensor) -> torch.Tensor:
+        return max_spanning_tree(w)
+
+    def check(self, y: torch.Tensor) -> torch.Tensor:
+        return is_spanning_tree(y)
+
+    def enumerate(self, n: int, *, dtype: torch.dtype | None = None,
+                  device: torch.device | str | None = None) -> torch.Tensor:
+        """All n^(n−2) trees (Cayley), ``(n^(n−2), n, n)``; n ≤ 8."""
+        return enumerate_spanning_trees(n, dtype=dtype, device=device)
+
+    def default_regularizer(self) -> Regularizer:
+        return ExpFamilyEntropy()
+
+
+class Arborescences(Structure):
+    r"""Arborescences (directed spanning trees) rooted at ``root``: ``T[i, j] = 1`` iff i → j.
+
+    Shape: scores ``(*batch, n, n)`` (``w[..., i, j]`` scores i → j; the diagonal and the root's
+    column are ignored); vertices ``(*batch, n, n)`` with one 1 in every non-root column.
+    ``argmax`` is :func:`max_arborescence` (Chu-Liu/Edmonds); the default regularizer gives the
+    edge marginals (:func:`arborescence_marginals`).
+
+    Args:
+        root: the root node, an int >= 0 (and < n for graphs of n nodes; no wrap-around).
+    """
+
+    event_dim = 2
+    square = True
+
+    def __init__(self, root: int = 0):
+        self.root = check_int(root, "root", low=0)
+
+    def _root(self, n: int) -> int:
+        if not self.root < n:
+            raise ValueError(f"root={self.root} is out of range for graphs with n={n} nodes")
+        return self.root
+
+    def validate(self, w: torch.Tensor, name: str = "w") -> None:
+        _check_tree_scores(w, None, name)
+        self._root(w.shape[-1])
+
+    def argmax(self, w: torch.Tensor) -> torch.Tensor:
+        return max_arborescence(w, root=self.root)
+
+    def check(self, y: torch.Tensor) -> torch.Tensor:
+        return is_arborescence(y, self._root(y.shape[-1]))
+
+    def enumerate(self, n: int, *, dtype: torch.dtype | None = None,
+                  device: torch.device | str | None = None) -> torch.Tensor:
+        """All n^(n−2) arborescences rooted at ``root``, ``(n^(n−2), n, n)``; n ≤ 8."""
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 2:
+            root = self._root(n)
+        else:
+            root = 0
+        return enumerate_arborescences(n, root, dtype=dtype, device=device)
+
+    def default_regularizer(self) -> Regularizer:
+        return ExpFamilyEntropy()
+
+    def __repr__(self) -> str:
+        return f"Arborescences(root={self.root})"
+
+
+@register_solver(SpanningTrees, ExpFamilyEntropy, backward=MARGINAL_BACKWARDS,
+                 description="Kirchhoff matrix-tree marginals")
+def _solve_spanning_trees(w, structure, regularizer, tau, backward):
+    return spanning_tree_marginals(w, tau=tau, backward=backward)
+
+
+@register_solver(Arborescences, ExpFamilyEntropy, backward=MARGINAL_BACKWARDS,
+                 description="Tutte directed matrix-tree marginals")
+def _solve_arborescences(w, structure, regularizer, tau, backward):
+    return arborescence_marginals(w, root=structure.root, tau=tau, backward=backward)

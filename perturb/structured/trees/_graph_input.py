@@ -1,8 +1,8 @@
 """Input handling of the tree solvers: score/mask/length checks, the allowed-edge and node
 masks, connectivity from the root, and the scaled scores every tree function starts from.
 
-Shared by the linear-algebra solvers (:mod:`._matrix_tree`), the combinatorial ones
-(:mod:`._tree_solvers`) and the samplers (:mod:`._tree_sampling`), so that none of them takes
+Shared by the linear-algebra solvers (:mod:`.matrix_tree`), the combinatorial ones
+(:mod:`.structures`) and the samplers (:mod:`.sampling`), so that none of them takes
 its input handling from another.
 """
 from __future__ import annotations

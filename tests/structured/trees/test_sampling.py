@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from perturb.structured._matrix_tree import arborescence_marginals, spanning_tree_marginals
-from perturb.structured._tree_sampling import sample_arborescence, sample_spanning_tree
-from perturb.structured._tree_solvers import is_arborescence, is_spanning_tree
+from perturb.structured.trees.matrix_tree import arborescence_marginals, spanning_tree_marginals
+from perturb.structured.trees.sampling import sample_arborescence, sample_spanning_tree
+from perturb.structured.trees.structures import is_arborescence, is_spanning_tree
 
 D = torch.float64
 N_SAMPLES = 4000

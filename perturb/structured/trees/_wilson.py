@@ -1,7 +1,7 @@
 r"""Wilson's algorithm: exact tree samples by loop-erased random walks, batched as tensors.
 
 The walk to a random parent — from node j to i with probability P_ij = exp(s_ij − c_j), the
-column softmax of the scores (:mod:`perturb.structured._matrix_tree`) — is a Markov chain
+column softmax of the scores (:mod:`perturb.structured.trees.matrix_tree`) — is a Markov chain
 absorbed at the root. Wilson's RandomTreeWithRoot builds the tree from it: take the first node
 not yet in the tree, walk from it until the walk hits the tree, and add the loop-erased path.
 Recording for every node only the step by which the walk *last* left it (its "next" pointer)
@@ -22,7 +22,7 @@ Cost. The expected number of walk steps of one sample is tr G, G = (I − P̂)�
 visits of every node before absorption; Wilson 1996, Theorem 3): about n to a few n for
 spread-out scores, so O(n²) work per sample; but it grows like the expected time the chain
 spends in near-closed cycles of strong edges, e^{gap}, for peaked scores. The sequential-
-conditioning sampler of :mod:`perturb.structured._tree_sampling` costs O(n⁴) per sample
+conditioning sampler of :mod:`perturb.structured.trees.sampling` costs O(n⁴) per sample
 whatever the scores; ``method="auto"`` chooses between them from tr G.
 
 References:
@@ -39,10 +39,6 @@ __all__: list[str] = []
 
 #: Steps between two host reads of "every walk has finished".
 _CHECK_EVERY = 16
-
-
-class WilsonStepLimit(RuntimeError):
-    """Raised when the random walks have not finished within the step limit."""
 
 
 def wilson_step_limit(n: int) -> int:

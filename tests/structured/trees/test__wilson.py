@@ -4,15 +4,16 @@ import pytest
 import torch
 from scipy import stats
 
-from perturb.structured._matrix_tree import arborescence_marginals, spanning_tree_marginals
-from perturb.structured._tree_sampling import sample_arborescence, sample_spanning_tree
-from perturb.structured._tree_solvers import (
+from perturb.structured.trees.matrix_tree import arborescence_marginals, spanning_tree_marginals
+from perturb.structured.trees.sampling import sample_arborescence, sample_spanning_tree
+from perturb.structured.trees.structures import (
     enumerate_arborescences,
     enumerate_spanning_trees,
     is_arborescence,
     is_spanning_tree,
 )
-from perturb.structured._tree_wilson import WilsonStepLimit, expected_steps
+from perturb.structured.trees._wilson import expected_steps
+from perturb.structured.trees.sampling import WilsonStepLimit
 
 D = torch.float64
 N_SAMPLES = 20000

@@ -8,7 +8,7 @@ on the parents already drawn (all other edges into those nodes removed), gives a
     p(T) = Π_j P(parent(j) = π_j | π_1, ..., π_{j−1}).
 
 Each step is one matrix-tree solve, so a sample costs O(n⁴) for n nodes (vectorised over batch
-and samples) whatever the scores. Wilson's algorithm (:mod:`perturb.structured._tree_wilson`)
+and samples) whatever the scores. Wilson's algorithm (:mod:`perturb.structured.trees._wilson`)
 samples the same distribution by loop-erased random walks in expected tr G walk steps, G the
 fundamental matrix of the walk to a random parent: about n to a few n steps for spread-out
 scores (O(n²) work per sample), but e^{gap}-many for peaked scores whose strong edges form
@@ -26,18 +26,23 @@ from __future__ import annotations
 import torch
 
 from perturb._validation import check_choice, check_int
-from perturb.structured._graph_input import _detached, _prepare
-from perturb.structured._matrix_tree import _column_softmax, _compute_dtype, _solve
-from perturb.structured._tree_wilson import (
-    WilsonStepLimit,
+from perturb.structured.trees._graph_input import _detached, _prepare
+from perturb.structured.trees.matrix_tree import _column_softmax, _compute_dtype, _solve
+from perturb.structured.trees._wilson import (
     expected_steps,
     wilson_sample,
     wilson_step_limit,
 )
 
-__all__ = ["sample_spanning_tree", "sample_arborescence"]
+__all__ = ["sample_spanning_tree", "sample_arborescence", "WilsonStepLimit"]
 
 SAMPLE_METHODS = ("auto", "wilson", "conditional")
+
+class WilsonStepLimit(RuntimeError):
+    """Raised by ``method="wilson"`` when the random walks have not finished within the step
+    limit (``2000 + 400·n`` steps: peaked scores whose strong edges form cycles); use
+    ``method="conditional"`` or ``"auto"``."""
+
 
 #: ``method="auto"`` runs Wilson's algorithm while tr G <= this many steps per node.
 _AUTO_STEPS_PER_NODE = 25

@@ -1,0 +1,150 @@
+"""Tests of perturb/structured/permutations/_sinkhorn.py: the Sinkhorn engine (blocks, operation
+counts, the implicit vector–Jacobian product, CUDA graphs).
+"""
+import pytest
+import torch
+
+from perturb.structured import sinkhorn
+from perturb.structured.permutations._sinkhorn import sinkhorn_vjp
+
+F64 = torch.float64
+
+
+def _randn(*shape, seed=0, dtype=F64):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _marginals(n, m, batch=(), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.rand(*batch, n, generator=g, dtype=F64) + 0.5
+    b = torch.rand(*batch, m, generator=g, dtype=F64) + 0.5
+    return a, b * a.sum(-1, keepdim=True) / b.sum(-1, keepdim=True)
+
+
+def test_vjp_is_symmetric():
+    """τ ∂P/∂W is the Hessian of a convex function: ⟨J G1, G2⟩ = ⟨G1, J G2⟩."""
+    w = _randn(2, 5, 4, seed=15)
+    a, b = _marginals(5, 4, (2,), seed=16)
+    P = sinkhorn(w, tau=0.5, n_iters=3000, tol=1e-13, a=a, b=b)
+    g1, g2 = _randn(2, 5, 4, seed=17), _randn(2, 5, 4, seed=18)
+    j1 = sinkhorn_vjp(P, g1)[0]
+    j2 = sinkhorn_vjp(P, g2)[0]
+    torch.testing.assert_close((j1 * g2).sum((-2, -1)), (j2 * g1).sum((-2, -1)), atol=1e-12,
+                               rtol=0)
+    # the plan's marginals are fixed: J G has zero row and column sums
+    torch.testing.assert_close(j1.sum(-1), torch.zeros(2, 5, dtype=F64), atol=1e-12, rtol=0)
+    torch.testing.assert_close(j1.sum(-2), torch.zeros(2, 4, dtype=F64), atol=1e-12, rtol=0)
+
+
+def test_hard_case_iterations():
+    """τ = 0.05 on 16 x 64 x 64 (float64, tol 1e-6): plain Sinkhorn needs > 20,000 iterations;
+    the default engine reaches tol within 2,000, ε-scaling within 1,000."""
+    from perturb.structured.permutations._sinkhorn import sinkhorn_iterate
+    w = _randn(16, 64, 64, seed=0)
+    ones = torch.ones(16, 64, dtype=F64)
+    for opts, cap in ((dict(), 2000), (dict(eps_scaling=True), 1000)):
+        sol = sinkhorn_iterate(w / 0.05, ones, ones, None, None, cap, 1e-6, **opts)
+        assert bool((sol.error <= 1e-6).all()), (opts, sol.n_iters, float(sol.error.max()))
+        assert (sol.plan.sum(-1) - 1).abs().max() <= 1e-6
+        assert (sol.plan.sum(-2) - 1).abs().max() <= 1e-6
+
+
+def test_ops_per_iteration():
+    """Dispatched aten ops per iteration (each one kernel on a GPU): 4 on the absorbed kernel
+    (2 mat-vecs, 2 divisions), 6 in log space (2 × add, logsumexp, sub), 10 over-relaxed."""
+    from perturb.structured.permutations._sinkhorn import _log_block, _scaling_block
+
+    def ops(fn):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            fn()
+        return sum(1 for e in prof.events() if e.name.startswith("aten::") and (
+            e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+
+    lk = _randn(2, 6, 6, seed=41)
+    u, v = torch.zeros(2, 6, 1, dtype=F64), torch.zeros(2, 1, 6, dtype=F64)
+    a = torch.ones(2, 6, dtype=F64)
+    om = torch.full((2, 1, 1), 1.5, dtype=F64)
+    per_iter = {}
+    for name, fn in {
+        "scaling": lambda k: _scaling_block(lk, u, v, a, a, k, None, None, 200.0),
+        "relaxed": lambda k: _scaling_block(lk, u, v, a, a, k, om, None, 200.0),
+        "log": lambda k: _log_block(lk, u, v, a.log().unsqueeze(-1), a.log().unsqueeze(-2),
+                                    a.unsqueeze(-1), k, None, None),
+    }.items():
+        per_iter[name] = (ops(lambda: fn(20)) - ops(lambda: fn(10))) / 10
+    assert per_iter == {"scaling": 4, "relaxed": 10, "log": 6}
+
+
+def test_extreme_scores_use_the_log_fallback():
+    """Scores ±1e4 at τ = 1e-3 overflow the absorbed kernel; the blocks are redone in log space
+    and the converged plan matches plain log-domain Sinkhorn."""
+    w = 1e4 * torch.sign(_randn(2, 6, 6, seed=42)) + _randn(2, 6, 6, seed=43)
+    P = sinkhorn(w, tau=1e-3, n_iters=5000, tol=1e-9)
+    ref = sinkhorn(w, tau=1e-3, n_iters=5000, tol=1e-9, accelerate=False)
+    assert bool(torch.isfinite(P).all())
+    # tol is raised to the rounding floor 4 ε max|W/τ| ≈ 4 · 2.2e-16 · 2e7 ≈ 2e-8 here
+    floor = 4 * torch.finfo(F64).eps * float((w / 1e-3).abs().max() * 2)
+    torch.testing.assert_close(P, ref, atol=2 * floor, rtol=0)
+    assert (P.sum(-1) - 1).abs().max() <= floor and (P.sum(-2) - 1).abs().max() <= floor
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("opts", [dict(), dict(accelerate=False), dict(eps_scaling=True)])
+def test_cuda_engine_matches_cpu(opts):
+    w = _randn(4, 12, 12, seed=45)
+    up = _randn(4, 12, 12, seed=46)
+    tau = torch.tensor([0.2, 0.5, 1.0, 2.0], dtype=F64)
+    out = {}
+    for dev in ("cpu", "cuda"):
+        x = w.to(dev).requires_grad_()
+        P = sinkhorn(x, tau=tau.to(dev), n_iters=20000, tol=1e-12, **opts)
+        (gw,) = torch.autograd.grad((P * up.to(dev)).sum(), x)
+        out[dev] = (P.cpu(), gw.cpu())
+    torch.testing.assert_close(out["cuda"][0], out["cpu"][0], atol=1e-10, rtol=0)
+    torch.testing.assert_close(out["cuda"][1], out["cpu"][1], atol=1e-8, rtol=1e-7)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("omega", [None, 1.6])
+def test_cuda_graphs_equal_eager(omega):
+    """The graph-replayed iterations compute exactly the eager ones."""
+    from perturb.structured.permutations import _sinkhorn as S
+    g = torch.Generator().manual_seed(47)
+    lk = torch.randn(3, 9, 7, generator=g, dtype=F64).cuda()
+    a = torch.ones(3, 9, dtype=F64).cuda()
+    b = torch.full((3, 7), 9 / 7, dtype=F64).cuda()
+    u, v = torch.zeros(3, 9, 1, dtype=F64).cuda(), torch.zeros(3, 1, 7, dtype=F64).cuda()
+    om = None if omega is None else torch.full((3, 1, 1), omega, dtype=F64).cuda()
+    out = {}
+    for use in (True, False):
+        S.USE_CUDA_GRAPHS = use
+        try:
+            with torch.no_grad():
+                out[use] = S._scaling_block(lk, u, v, a, b, 31, om, None, 200.0)
+        finally:
+            S.USE_CUDA_GRAPHS = True
+    torch.testing.assert_close(out[True].u, out[False].u, atol=1e-12, rtol=0)
+    torch.testing.assert_close(out[True].v, out[False].v, atol=1e-12, rtol=0)
+    torch.testing.assert_close(out[True].error, out[False].error, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("extra", ["column", "row"])
+def test_vjp_of_a_plan_with_an_empty_column_or_row(extra):
+    """A row or column whose mass underflowed to 0 (a plan stopped short at extreme scales) is
+    treated as padding: the vector–Jacobian product stays finite and equals that of the plan
+    without it (it used to divide 0 by 0 on the larger side)."""
+    a, b = _marginals(3, 4, seed=50)
+    P = sinkhorn(_randn(3, 4, seed=51), tau=0.5, a=a, b=b, tol=1e-12)
+    G = _randn(3, 4, seed=52)
+    if extra == "column":                      # 3 x 5: the Schur complement on the rows
+        P_ext = torch.cat([P, torch.zeros(3, 1, dtype=F64)], -1)
+        G_ext = torch.cat([G, _randn(3, 1, seed=53)], -1)
+        keep = (slice(None), slice(0, 4))
+    else:                                      # 4 x 4 after a zero row: on the columns
+        P_ext = torch.cat([P, torch.zeros(1, 4, dtype=F64)], -2)
+        G_ext = torch.cat([G, _randn(1, 4, seed=53)], -2)
+        keep = (slice(0, 3), slice(None))
+    gw, x, y = sinkhorn_vjp(P_ext, G_ext)
+    assert bool(torch.isfinite(gw).all() & torch.isfinite(x).all() & torch.isfinite(y).all())
+    torch.testing.assert_close(gw[keep], sinkhorn_vjp(P, G)[0])
+    assert bool((gw[..., 4:] == 0).all()) if extra == "column" else bool((gw[3:] == 0).all())
