@@ -3,7 +3,7 @@
 Every noise ``ε`` here is a distribution on the real line; a perturbation of scores ``θ`` of
 shape ``(*batch, d)`` adds ``d`` independent draws per batch element. Two functionals of the
 perturbed scores drive the rest of the library (see the module docstring of
-:mod:`perturb.relax` for the perturb-then-argmax abstraction):
+:mod:`perturb.core` for the perturb-then-argmax abstraction):
 
 .. math::
 

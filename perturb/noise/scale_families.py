@@ -132,7 +132,7 @@ class Gumbel(_ScaleNoise):
                          device: torch.device | str | None, dtype: torch.dtype) -> torch.Tensor:
         """``β·log E`` with ``E ~ Exp(1)``: minus a Gumbel(0, β) draw; arguments unchecked.
 
-        :meth:`sample` negates it in place, and :func:`perturb.relax.perturb` computes
+        :meth:`sample` negates it in place, and :func:`perturb.perturb` computes
         ``θ − β·log E``, which is bitwise ``θ + sample(...)`` for the same generator state
         (negation is exact) with one pass less. One buffer, updated in place.
         """

@@ -3,7 +3,7 @@ r"""Permutations and transport plans: the Birkhoff and transport polytopes.
 Z is the set of n x n permutation matrices (:class:`Permutations`; conv Z is the Birkhoff
 polytope of doubly stochastic matrices) or the vertices of the transport polytope
 U(a, b) = {P ≥ 0 : P1 = a, Pᵀ1 = b} (:class:`Transport`). With the negative entropy the
-regularized argmax (:mod:`perturb.relax`) is entropic optimal transport, solved by Sinkhorn's
+regularized argmax (:mod:`perturb.core`) is entropic optimal transport, solved by Sinkhorn's
 iterations (:func:`sinkhorn`, POT's ``ot.sinkhorn(a, b, M=-W, reg=tau)``); the exact argmax
 (τ → 0) is the maximum-weight matching (:func:`matching`, Hungarian) or the optimal transport
 plan (POT's network simplex ``ot.emd``).

@@ -1,6 +1,6 @@
 r"""Sinkhorn's algorithm: the entropic projection onto the Birkhoff or a transport polytope.
 
-With the negative entropy f(P) = Σ P log P the regularized argmax (:mod:`perturb.relax`) over
+With the negative entropy f(P) = Σ P log P the regularized argmax (:mod:`perturb.core`) over
 the Birkhoff polytope (doubly stochastic matrices) or the transport polytope
 U(a, b) = {P ≥ 0 : P1 = a, Pᵀ1 = b} is entropic optimal transport, solved by Sinkhorn's
 iterations:
@@ -41,7 +41,7 @@ from perturb._validation import (
 )
 from perturb.backward import resolve_backward, solve_with_backward
 from perturb.noise import Gumbel, Noise
-from perturb.relax import perturb
+from perturb.core import perturb
 from perturb.structured.permutations._sinkhorn import (
     _masked_log_kernel,
     _SinkhornImplicit,
@@ -293,7 +293,7 @@ def gumbel_sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0,
                     **kw) -> torch.Tensor:
     r"""Gumbel-Sinkhorn: ``sinkhorn(perturb(log_alpha, noise, n_samples, generator), tau, **kw)``.
 
-    The stochastic softmax of :mod:`perturb.relax` for permutations (Mena et al. 2018): the
+    The stochastic softmax of :mod:`perturb.core` for permutations (Mena et al. 2018): the
     scores are perturbed, P = Sinkhorn((W + ε)/τ), and as τ → 0 the sample tends to the exact
     matching of W + ε (for Gumbel noise, a sample of the perturb-and-MAP distribution over
     permutations). Any noise of :mod:`perturb.noise` may be used.

@@ -2,7 +2,7 @@ r"""k-subsets: the structure, exact top-k and its relaxations on the capped simp
 
 Z = {z ∈ {0,1}^n : Σ z = k}; conv Z is the capped simplex C_k = {x ∈ [0,1]^n : Σ x = k}.
 The exact argmax is top-k; the relaxations solve argmax_{x ∈ C_k} ⟨w, x⟩ − τ f(x) (see
-:mod:`perturb.relax`). With y = w/τ the KKT conditions give, for a scalar shift ν (the multiplier
+:mod:`perturb.core`). With y = w/τ the KKT conditions give, for a scalar shift ν (the multiplier
 of Σx = k),
 
 =====================  =====================================  ===================================
@@ -44,7 +44,7 @@ from perturb.regularizers import (
     Regularizer,
     SquaredNorm,
 )
-from perturb.relax import regularized_argmax
+from perturb.core import regularized_argmax
 from perturb.structured.subsets.dp import (
     MARGINAL_BACKWARDS,
     _check_k,

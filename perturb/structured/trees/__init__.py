@@ -12,7 +12,7 @@ the parent of j). Scores are log-potentials ``w`` of shape ``(*batch, n, n)``:
 ``-inf`` forbids an edge (or pass ``mask``); ``lengths`` gives per-graph sizes in a padded batch.
 
 With the exponential-family entropy (:class:`~perturb.regularizers.ExpFamilyEntropy`, the
-default) the regularized argmax of :mod:`perturb.relax` is the vector of edge marginals of the
+default) the regularized argmax of :mod:`perturb.core` is the vector of edge marginals of the
 Gibbs distribution p(T) ∝ exp(⟨w, T⟩/τ), μ = ∇ log Z(w/τ), by the matrix-tree theorems
 (:mod:`.matrix_tree`). So ``relax(θ, SpanningTrees(), Gumbel(), tau=0.5)`` is a
 stochastic softmax over trees (Paulus et al. 2020) and ``hard=True`` its straight-through
