@@ -53,6 +53,9 @@ from typing import NamedTuple
 
 import torch
 
+from perturb._validation import reads_stall
+from perturb._vmap import fold_vmap
+
 
 class SinkhornSolution(NamedTuple):
     """Diagnostics of one batched Sinkhorn run."""
@@ -465,6 +468,11 @@ def _solve_psd(S: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     ridge = (10 * m * eps) * scale
     S = S + torch.diag_embed(ridge.expand(*S.shape[:-1]))
     L, info = torch.linalg.cholesky_ex(S)
+    if reads_stall(info):
+        # no host read (CUDA, torch.func, torch.compile): both solves, chosen per problem
+        chol = torch.cholesky_solve(rhs.unsqueeze(-1), L).squeeze(-1)
+        lsq = torch.linalg.lstsq(S, rhs.unsqueeze(-1)).solution.squeeze(-1)
+        return torch.where((info == 0).unsqueeze(-1), chol, lsq)
     if bool((info == 0).all()):
         return torch.cholesky_solve(rhs.unsqueeze(-1), L).squeeze(-1)
     return torch.linalg.lstsq(S, rhs.unsqueeze(-1)).solution.squeeze(-1)
@@ -571,3 +579,8 @@ class _SinkhornImplicit(torch.autograd.Function):
             grad_tau = grad_tau.sum_to_size(tau.shape)
         return (grad_w if need_w else None, grad_tau, ga if need_a else None,
                 gb if need_b else None, None, None, None, None, None, None, None)
+
+
+# the forward iterates to convergence (host reads): vmap folds the vmapped dim into the batch;
+# the iteration count is the one output without batch dims
+_SinkhornImplicit.vmap = fold_vmap(_SinkhornImplicit, batched=range(7), unbatched_outputs=(2,))

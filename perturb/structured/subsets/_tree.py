@@ -242,11 +242,10 @@ def _marginals_jvp(P: torch.Tensor, ins: list[torch.Tensor], outs: list[torch.Te
     do = None
     for dual, o in zip(reversed(duals), reversed(outs[1:])):
         do = _split(o, dual[:, :, 1]) if do is None else _split_tangent(o, do, dual)
-    if do is None:                                               # a single leaf block
-        do = torch.zeros_like(outs[0])
     count = _const("count", k, dev, dt)
     qo = count @ outs[0].T                                                  # O[|S|]
-    dw = (count @ do.T).mul_(P).addcmul_(dP, qo)                            # Ṗ O + P Ȯ
+    # Ṗ O + P Ȯ; not in place: under torch.func only g (so Ṗ) may carry the vmapped dim
+    dw = dP * qo if do is None else torch.addcmul((count @ do.T).mul_(P), dP, qo)
     w = qo.mul_(P)
     split = _const("split", k, dev, dt)
     tm = torch.cat([split @ w, split @ dw]).view(4, _LEAF, B, -1)

@@ -285,6 +285,8 @@ class _Marginals(torch.autograd.Function):
     Once differentiable; ``backward="unroll"`` differentiates to every order.
     """
 
+    generate_vmap_rule = True  # the forward and backward are plain torch ops
+
     @staticmethod
     def forward(y, d, k):
         return _marginals_from_levels(_prepare(y, d, k), d, k)
@@ -306,6 +308,8 @@ class _Marginals(torch.autograd.Function):
 
 class _LogPartition(torch.autograd.Function):
     r"""A(y) by the inside pass; backward ḡ·μ(y) (μ differentiable once more)."""
+
+    generate_vmap_rule = True  # the forward and backward are plain torch ops
 
     @staticmethod
     def forward(y, d, k):

@@ -137,6 +137,8 @@ class _KSubsetMarginals(torch.autograd.Function):
     ``backward="unroll"``.
     """
 
+    generate_vmap_rule = True  # the forward and backward are plain torch ops
+
     @staticmethod
     def forward(ys, nu, k):
         x = ys - nu
@@ -186,6 +188,8 @@ def _log_partition_tilted(ys: torch.Tensor, nu: torch.Tensor, k: int) -> torch.T
 
 class _KSubsetLogPartition(torch.autograd.Function):
     r"""A(ys) by the inside pass; backward ḡ · μ(ys) (μ differentiable once more)."""
+
+    generate_vmap_rule = True  # the forward and backward are plain torch ops
 
     @staticmethod
     def forward(ys, nu, k):

@@ -35,6 +35,7 @@ import math
 
 import torch
 
+from perturb._vmap import fold_vmap
 from perturb._validation import check_int, scale_by_tau
 from perturb.backward import implicit_root
 from perturb.regularizers import (
@@ -258,6 +259,7 @@ class _CappedSimplex(torch.autograd.Function):
     Inputs: y ``(*batch, n)``, k, kind ∈ {"euclidean", "entropy", "sigmoid"}.
     """
 
+
     @staticmethod
     def forward(y, k, kind):
         return _capped_forward(y, k, kind)
@@ -372,3 +374,7 @@ def relaxed_topk(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0,
         tensor([1., 0., 1., 0.], grad_fn=<_CappedSimplexBackward>)
     """
     return regularized_argmax(w, KSubset(k), regularizer, tau, backward)
+
+
+# the forward iterates to convergence (host reads): vmap folds the vmapped dim into the batch
+_CappedSimplex.vmap = fold_vmap(_CappedSimplex, batched=(0,))
