@@ -53,7 +53,7 @@ from typing import NamedTuple
 
 import torch
 
-from perturb._validation import reads_stall
+from perturb._validation import _compiling, _unreadable
 from perturb._vmap import fold_vmap
 
 
@@ -64,7 +64,7 @@ class SinkhornSolution(NamedTuple):
     u: torch.Tensor         # (*batch, n)  row potentials divided by tau
     v: torch.Tensor         # (*batch, m)  column potentials divided by tau
     error: torch.Tensor     # (*batch,)    max_i |P 1 − a|_i of the returned plan
-    n_iters: int            # iterations run
+    n_iters: int | torch.Tensor  # iterations run (a 0-dim tensor under torch.compile)
     tol: torch.Tensor       # (*batch,)    tolerance used: max(tol, rounding floor)
 
 
@@ -347,6 +347,9 @@ def sinkhorn_iterate(log_k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
         # accuracy floor: rounding of the exponent, eps * max|log K| (per problem)
         floor = 4 * torch.finfo(dtype).eps * (1 + spread) * a.amax(-1)
         tol_t = torch.clamp(floor, min=tol)
+    if _compiling():  # torch.compile: no host reads, the loop a traced while_loop
+        return _iterate_traced(log_k - shift_r - shift_c, a, b, row_valid, col_valid, pad,
+                               n_iters, tol_t)
     top = float(spread.max())          # one host read: float32 range, ε-scaling stages
     if dtype == torch.float32 and 4 * _F32_EPS * (1 + top) > F32_FLOOR_LIMIT:
         # no float32 plan is accurate here (potentials of ~1e7 keep no fractional digits):
@@ -450,6 +453,39 @@ def sinkhorn_iterate(log_k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     return SinkhornSolution(plan, u.squeeze(-1), v.squeeze(-2), error, it, tol_t)
 
 
+def _iterate_traced(log_k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                    row_valid: torch.Tensor | None, col_valid: torch.Tensor | None,
+                    pad: torch.Tensor | None, n_iters: int, tol_t: torch.Tensor
+                    ) -> SinkhornSolution:
+    """The iterations under ``torch.compile``: plain log-domain blocks of 10 (:func:`_log_block`)
+    in a ``while_loop`` that stops when every problem meets its tolerance or after ``n_iters``
+    (rounded up to a multiple of 10), with the error read on the device: no host read, so no
+    graph break. No acceleration, ε-scaling or float64 fallback (they are decided on the host);
+    ``log_k`` comes centred."""
+    from torch._higher_order_ops.while_loop import while_loop
+
+    rv = None if row_valid is None else row_valid.unsqueeze(-1)
+    cv = None if col_valid is None else col_valid.unsqueeze(-2)
+    log_a = torch.log(a if rv is None else torch.where(row_valid, a, 1.0)).unsqueeze(-1)
+    log_b = torch.log(b if cv is None else torch.where(col_valid, b, 1.0)).unsqueeze(-2)
+    a_col = a.unsqueeze(-1)
+
+    def running(it, u, v, error):
+        return (it < n_iters) & ~(error <= tol_t).all()
+
+    def block(it, u, v, error):
+        st = _log_block(log_k, u, v, log_a, log_b, a_col, 10, rv, cv)
+        return it + 10, st.u, st.v, st.error
+
+    start = (torch.zeros((), dtype=torch.int64, device=log_k.device), torch.zeros_like(log_a),
+             torch.zeros_like(log_b), torch.full_like(a.amax(-1), math.inf))
+    it, u, v, error = while_loop(running, block, start)
+    plan = torch.exp(log_k + u + v)
+    if pad is not None:
+        plan = torch.where(pad, 0.0, plan)
+    return SinkhornSolution(plan, u.squeeze(-1), v.squeeze(-2), error, it, tol_t)
+
+
 def _valid_entries(row_valid: torch.Tensor | None, col_valid: torch.Tensor | None,
                    like: torch.Tensor) -> torch.Tensor:
     ones_r = torch.ones(like.shape[:-1], dtype=torch.bool, device=like.device)
@@ -468,11 +504,12 @@ def _solve_psd(S: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     ridge = (10 * m * eps) * scale
     S = S + torch.diag_embed(ridge.expand(*S.shape[:-1]))
     L, info = torch.linalg.cholesky_ex(S)
-    if reads_stall(info):
-        # no host read (CUDA, torch.func, torch.compile): both solves, chosen per problem
+    if _compiling() or _unreadable(info):
+        # no host read possible (torch.compile, torch.func): both solves, chosen per problem;
+        # LU instead of lstsq, whose output shapes are data-dependent for the compiler
         chol = torch.cholesky_solve(rhs.unsqueeze(-1), L).squeeze(-1)
-        lsq = torch.linalg.lstsq(S, rhs.unsqueeze(-1)).solution.squeeze(-1)
-        return torch.where((info == 0).unsqueeze(-1), chol, lsq)
+        lu = torch.linalg.solve_ex(S, rhs.unsqueeze(-1))[0].squeeze(-1)
+        return torch.where((info == 0).unsqueeze(-1), chol, lu)
     if bool((info == 0).all()):
         return torch.cholesky_solve(rhs.unsqueeze(-1), L).squeeze(-1)
     return torch.linalg.lstsq(S, rhs.unsqueeze(-1)).solution.squeeze(-1)
@@ -552,7 +589,9 @@ class _SinkhornImplicit(torch.autograd.Function):
             log_k = _masked_log_kernel(w, tau, mask)
             sol = sinkhorn_iterate(log_k, a, b, row_valid, col_valid, n_iters, tol,
                                    accelerate=accelerate, eps_scaling=eps_scaling)
-        return sol.plan, sol.error, torch.tensor(sol.n_iters), sol.tol
+        iters = sol.n_iters if isinstance(sol.n_iters, torch.Tensor) else torch.tensor(
+            sol.n_iters)
+        return sol.plan, sol.error, iters, sol.tol
 
     @staticmethod
     def setup_context(ctx, inputs, output):
