@@ -63,10 +63,12 @@ from torch.autograd.function import once_differentiable
 from perturb.backward import resolve_backward, solve_with_backward
 from perturb.structured._graph_input import _prepare
 from perturb.structured._tree_elimination import (
+    ReducedState,
     elimination_marginals,
     elimination_marginals_vjp,
-    reduced_marginals,
     reduced_marginals_vjp,
+    reduced_solve,
+    reduced_vjp,
 )
 
 __all__ = [
@@ -227,20 +229,31 @@ def _solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, roo
            need_logz: bool = True):
     """(μ, log Z, P, G, path): the fast path, with the elements that fail its check recomputed
     by the cycle reduction of :mod:`._tree_elimination` (exact: one LU of the well-conditioned
-    part, log-space elimination of one node per cycle of best parents) and, where that fails
-    its own check too, by the full log-space elimination (exact at any scale, slower).
+    part, the reduced graph on one node per cycle of best parents summed in log space) and,
+    where that fails its own check too, by the full log-space elimination (exact at any
+    scale, slower).
 
     ``path`` ``(*batch)`` int8: ``PATH_LU``, ``PATH_REDUCED`` or ``PATH_ELIMINATION``. All
-    fallbacks are batched over the failing elements; host reads: one per tier that runs.
+    fallbacks are batched over the failing elements; host reads: one per tier that runs, and
+    one in the reduction (its size m).
     """
+    return _solve_full(s, valid, nodes, root, need_logz)[:5]
+
+
+def _solve_full(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, root: int,
+                need_logz: bool = True):
+    """:func:`_solve` plus the cycle reduction's state for :func:`_backward_with_fallback`
+    (a :class:`ReducedState` for the elements with ``path != PATH_LU``, in batch order; None
+    when no element failed, or when the reduction took its autograd route)."""
     mu, logz, P, G, bad = _lu_solve(s, valid, nodes, root, need_logz)
     path = bad.to(torch.int8)
+    state = None
     if bool(bad.any()):
         n = s.shape[-1]
         x = s.detach().to(mu.dtype)[bad]
         v = valid.expand(s.shape)[bad]
         sub_nodes = None if nodes is None else nodes.expand(s.shape[:-1])[bad]
-        mu_b, logz_b, est = reduced_marginals(x, v, sub_nodes, root)
+        mu_b, logz_b, est, state = reduced_solve(x, v, sub_nodes, root, P[bad], need_logz)
         inner = _inner_nodes(mu_b.shape, sub_nodes, root, mu_b.device)
         fail = ~(est <= _ERROR_BUDGET) | ~torch.isfinite(logz_b) | _result_bad(mu_b, inner, n)
         if bool(fail.any()):
@@ -253,7 +266,7 @@ def _solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, roo
         mu[bad] = mu_b
         logz[bad] = logz_b
         path[bad] = (fail.to(torch.int8) + PATH_REDUCED)
-    return mu, logz, P, G, path
+    return mu, logz, P, G, path, state
 
 
 def _marginals_backward(P: torch.Tensor, G: torch.Tensor, grad: torch.Tensor,
@@ -279,10 +292,22 @@ def _marginals_backward(P: torch.Tensor, G: torch.Tensor, grad: torch.Tensor,
     return out.mul_(P).addcmul_(grad, mu)
 
 
-def _backward_with_fallback(s, valid, nodes, root, P, G, path, grad, mu=None):
+def _backward_with_fallback(s, valid, nodes, root, P, G, path, grad, mu=None,
+                            state: ReducedState | None = None):
+    """The vector–Jacobian product of :func:`_solve_full`'s μ: :func:`_marginals_backward` for
+    the LU elements, the analytic Hessian–vector product :func:`reduced_vjp` of the cycle
+    reduction (from its saved ``state``; the autograd double backward
+    :func:`reduced_marginals_vjp` when there is none) and the double backward through the
+    log-space elimination for the last tier. One host read per fallback tier present."""
     out = _marginals_backward(P, G, grad, mu)
-    for which, vjp in ((PATH_REDUCED, reduced_marginals_vjp),
-                       (PATH_ELIMINATION, elimination_marginals_vjp)):
+    if state is not None:   # there are elements with path != PATH_LU
+        bad = path != PATH_LU
+        out[bad] = reduced_vjp(state, grad.expand(s.shape)[bad]).to(out.dtype)
+        tiers = ((PATH_ELIMINATION, elimination_marginals_vjp),)
+    else:
+        tiers = ((PATH_REDUCED, reduced_marginals_vjp),
+                 (PATH_ELIMINATION, elimination_marginals_vjp))
+    for which, vjp in tiers:
         sel = path == which
         if bool(sel.any()):
             sub_nodes = None if nodes is None else nodes.expand(s.shape[:-1])[sel]
@@ -304,14 +329,17 @@ class _TreeMarginals(torch.autograd.Function):
 
     @staticmethod
     def forward(s, valid, nodes, root):
-        mu, _, P, G, path = _solve(s, valid, nodes, root, need_logz=False)
-        return mu.to(s.dtype), P, G, path
+        mu, _, P, G, path, state = _solve_full(s, valid, nodes, root, need_logz=False)
+        return mu.to(s.dtype), P, G, path, state
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         s, valid, nodes, root = inputs
-        mu, P, G, path = output
+        mu, P, G, path, state = output
         ctx.mark_non_differentiable(P, G, path)
+        # the cycle reduction's intermediate results (no autograd history; not outputs of
+        # the graph) for its analytic Hessian–vector product
+        ctx.reduced_state = state
         ctx.root = root
         ctx.has_nodes = nodes is not None
         # μ in the compute dtype is reused by the backward (bad elements are recomputed there)
@@ -321,13 +349,14 @@ class _TreeMarginals(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_mu, _gP, _gG, _gpath):
+    def backward(ctx, grad_mu, _gP, _gG, _gpath, _gstate=None):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None
         s, valid, nodes, P, G, path, mu = ctx.saved_tensors
         nodes = nodes if ctx.has_nodes else None
         mu = mu if ctx.mu_is_exact else None
-        out = _backward_with_fallback(s, valid, nodes, ctx.root, P, G, path, grad_mu, mu)
+        out = _backward_with_fallback(s, valid, nodes, ctx.root, P, G, path, grad_mu, mu,
+                                      ctx.reduced_state)
         return out.to(s.dtype), None, None, None
 
 

@@ -28,6 +28,10 @@ References:
 """
 from __future__ import annotations
 
+import functools
+import math
+from typing import NamedTuple
+
 import torch
 
 from perturb._math import logaddexp2
@@ -230,7 +234,8 @@ def reduced_log_partition(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Ten
 def reduced_marginals(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None,
                       root: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(μ, log Z, error estimate) by autograd through :func:`reduced_log_partition`
-    (detached)."""
+    (detached). The autograd reference of :func:`reduced_solve`, and its route when a graph
+    has more than ``_ENUM_MAX`` cycles."""
     order, m = reduction_order(s, valid, nodes, root)
     with torch.enable_grad():
         x = s.detach().requires_grad_(True)
@@ -241,7 +246,9 @@ def reduced_marginals(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor 
 
 def reduced_marginals_vjp(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None,
                           root: int, grad: torch.Tensor) -> torch.Tensor:
-    """Σ_ij ḡ_ij ∂μ_ij/∂s through :func:`reduced_log_partition` (double backward)."""
+    """Σ_ij ḡ_ij ∂μ_ij/∂s through :func:`reduced_log_partition` (double backward). The
+    autograd reference of :func:`reduced_vjp` (about 750 dispatched ops for m ≈ 3), and its
+    route when a graph has more than ``_ENUM_MAX`` cycles."""
     order, m = reduction_order(s, valid, nodes, root)
     with torch.enable_grad():
         x = s.detach().requires_grad_(True)
@@ -249,3 +256,223 @@ def reduced_marginals_vjp(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Ten
         (mu,) = torch.autograd.grad(logz.sum(), x, create_graph=True)
         (out,) = torch.autograd.grad(mu, x, grad.to(mu.dtype))
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# the cycle reduction with explicit marginals and an analytic Hessian–vector product
+# --------------------------------------------------------------------------------------------
+
+#: Largest number m of kept nodes for which the reduced graph is summed by enumerating its
+#: (m + 1)^(m − 1) arborescences (16 807 at m = 6); larger m takes the autograd route above.
+_ENUM_MAX = 6
+
+
+@functools.lru_cache(maxsize=None)
+def _tree_incidence(m: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``(T, (m + 1)·m)`` 0/1: the T = (m + 1)^(m − 1) arborescences of the complete digraph on
+    nodes 0..m rooted at 0; entry ``[t, r·m + q]`` is 1 iff node r is the parent of node q + 1
+    in tree t. Built once per (m, dtype, device) by filtering all parent maps (pointer
+    following m times reaches the root from every node iff there is no cycle)."""
+    if m == 0:
+        return torch.ones(1, 0, dtype=dtype, device=device)
+    choices = torch.arange(m + 1)
+    par = torch.cartesian_prod(*([choices] * m)).reshape(-1, m)   # par[:, q]: parent of q + 1
+    par = par[(par != torch.arange(1, m + 1)).all(-1)]
+    full = torch.cat([torch.zeros(len(par), 1, dtype=par.dtype), par], dim=1)
+    anc = full
+    for _ in range(m):
+        anc = full.gather(1, anc)
+    par = par[(anc == 0).all(-1)]
+    E = torch.zeros(len(par), m + 1, m).scatter_(1, par.unsqueeze(1), 1.0)
+    return E.flatten(1).to(dtype=dtype, device=device)
+
+
+class ReducedState(NamedTuple):
+    """What :func:`reduced_vjp` needs from :func:`reduced_solve` (one entry per graph; n the
+    nodes, m the kept ones, T the arborescences of the reduced graph).
+
+    P ``(b, n, n)`` column softmax; Ainv = (I − P ⊙ kkᵀ)⁻¹ (identity outside K); kf ``(b, n)``
+    the indicator of K; valid; jidx ``(b, m)`` the kept nodes J and ridx ``(b, m + 1)`` the
+    rows R = (root, J); Vc ``(b, m, n)`` = Yᵀ + the indicator rows of J, Y = Ainv P_·J (rows
+    in K); Wr ``(b, m + 1, m)`` the reduced weights, pos their usable entries, E the tree
+    incidence ``(T, (m + 1)·m)``, p ``(b, T)`` the tree probabilities of the reduced graph,
+    nu ``(b, m + 1, m)`` its edge marginals; Lam ``(b, n, m)`` = ∂ log Z'/∂W' on the rows R;
+    Urow ``(b, n, m)`` = Lam + Q, Q = Ainvᵀ P_K·ᵀ Lam (rows in K); Gbar ``(b, n, n)`` = ∂ log Z/∂P
+    (up to the column constant); H = 1 + Gbar − 1ᵀ(P ⊙ Gbar), so that μ = P ⊙ H."""
+    P: torch.Tensor
+    Ainv: torch.Tensor
+    kf: torch.Tensor
+    valid: torch.Tensor
+    jidx: torch.Tensor
+    ridx: torch.Tensor
+    Vc: torch.Tensor
+    Wr: torch.Tensor
+    pos: torch.Tensor
+    E: torch.Tensor
+    p: torch.Tensor
+    nu: torch.Tensor
+    Lam: torch.Tensor
+    Urow: torch.Tensor
+    Gbar: torch.Tensor
+    H: torch.Tensor
+
+
+def _kept_nodes(P: torch.Tensor, nodes: torch.Tensor | None, root: int
+                ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(jidx ``(b, m)``, inner ``(b, n)``, m): the cycle representatives of every graph, padded
+    to the batch maximum m with other existing non-root nodes (absent nodes only when a graph
+    has fewer than m). One host read (m)."""
+    n = P.shape[-1]
+    reps = cycle_representatives(P, nodes, root)
+    m = int(reps.sum(-1).max()) if reps.numel() else 0
+    inner = torch.ones(P.shape[:-1], dtype=torch.bool, device=P.device)
+    if nodes is not None:
+        inner = inner & nodes
+    inner[..., root] = False
+    key = reps.to(torch.long) * (2 * n) + inner.to(torch.long) * n \
+        + torch.arange(n, device=P.device)
+    return key.topk(m, dim=-1).indices, inner, m
+
+
+def _scatter_rows(x: torch.Tensor, ridx: torch.Tensor, n: int) -> torch.Tensor:
+    """``(b, m + 1, m)`` -> ``(b, n, m)`` with row r of x at row ridx[r], zeros elsewhere."""
+    out = x.new_zeros(*x.shape[:-2], n, x.shape[-1])
+    return out.scatter_(-2, ridx.unsqueeze(-1).expand_as(x), x)
+
+
+def _colsum(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(dim=-2, keepdim=True)
+
+
+@torch.no_grad()
+def reduced_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, root: int,
+                  P: torch.Tensor | None = None, need_logz: bool = True
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, ReducedState | None]:
+    r"""(μ, log Z, error estimate, state) of the cycle reduction of
+    :func:`reduced_log_partition` with the marginals written out (no autograd).
+
+    With the column softmax P, K the eliminated nodes (one LU), J the m kept ones (one per
+    cycle of best parents), R = J ∪ {root}, A = I − P_KK, Y = A⁻¹ P_KJ, X = P_RK A⁻¹ and the
+    reduced weights W' = P_RJ + P_RK Y:
+
+        log Z = Σ_j c_j + log det A + log Z'(log W'),
+        ∂ log Z/∂P = Gbar:  Gbar_RJ = Λ,  Gbar_RK = Λ Yᵀ,  Gbar_KJ = Xᵀ Λ,
+                            Gbar_KK = Xᵀ Λ Yᵀ − A⁻ᵀ,      Λ = ν / W',
+        μ_ij = P_ij (1 + Gbar_ij − Σ_k P_kj Gbar_kj)      (the column softmax's chain rule),
+
+    where Z' sums the (m + 1)^(m − 1) arborescences of the reduced graph (rooted at the root;
+    its self-loops W'_jj dropped) and ν = ∂ log Z'/∂ log W' are their edge marginals:
+    enumeration in log space (a log-sum-exp over the trees; exact and subtraction-free at any
+    scale). In the padded n × n form used here, Gbar = Urow Vc − A⁻ᵀ with Urow = Λ + Xᵀ Λ (on
+    the rows R and K) and Vc = [Yᵀ, I] (on the columns K and J): five products with an n × m
+    factor and one n × n inverse. The arithmetic is that of autograd through
+    :func:`reduced_log_partition` (same sums, same error estimate).
+
+    ``P`` (the column softmax of ``s``, e.g. from the fast path) is reused when given and
+    log Z is not needed. log Z is 0 when ``need_logz`` is False; a non-finite log Z' or a
+    singular A then shows as an infinite estimate. When the batch has more than
+    ``_ENUM_MAX`` cycles in one graph the autograd route :func:`reduced_marginals` runs
+    instead and the state is None.
+
+    Shapes: ``s``, ``valid``: ``(b, n, n)``; ``nodes``: ``(b, n)`` or None. Host reads: one (m).
+    """
+    n = s.shape[-1]
+    if need_logz or P is None:
+        P, c = _column_softmax_differentiable(s, valid)
+    jidx, inner, m = _kept_nodes(P, nodes, root)
+    if m > _ENUM_MAX:
+        mu, logz, est = reduced_marginals(s, valid, nodes, root)
+        return mu, logz, est, None
+    dt, dev = P.dtype, P.device
+    kf = (inner & torch.ones_like(inner).scatter_(-1, jidx, False)).to(dt)
+    kfi = kf.unsqueeze(-1)
+    eye = torch.eye(n, dtype=dt, device=dev)
+    LU, piv, info = torch.linalg.lu_factor_ex(eye - P * kfi * kf.unsqueeze(-2))
+    Ainv = torch.linalg.lu_solve(LU, piv, eye.expand_as(LU))
+    est = 4 * max(n, 8) * torch.finfo(dt).eps * Ainv.abs().sum(-2).amax(-1)
+    ridx = torch.cat([jidx.new_full((*jidx.shape[:-1], 1), root), jidx], dim=-1)
+    PJ = P.gather(-1, jidx.unsqueeze(-2).expand(*jidx.shape[:-1], n, m))
+    Y = Ainv @ (PJ * kfi)
+    Vc = Y.mT.scatter(-1, jidx.unsqueeze(-1), 1.0)    # Y is 0 on the columns J
+    W = P @ Vc.mT                                     # P_·J + P_·K Y
+    Wr = W.gather(-2, ridx.unsqueeze(-1).expand(*jidx.shape[:-1], m + 1, m))
+    loops = torch.eye(m + 1, dtype=torch.bool, device=dev)[:, 1:]  # (q + 1, q): self-loops
+    pos = (Wr > 0) & ~loops
+    # an absent node padding J gets an edge from the root of weight 1: it contributes log 1
+    # and no gradient (an existing node whose reduced in-weights all underflow makes
+    # log Z' = −inf instead, and fails the check)
+    dummy = torch.zeros_like(pos)
+    dummy[..., 0, :] = ~inner.gather(-1, jidx)
+    omega = torch.where(pos, torch.log(torch.where(pos, Wr, 1.0)),
+                        torch.full_like(Wr, _NEG).masked_fill_(dummy, 0.0))
+    E = _tree_incidence(m, dt, dev)
+    scores = omega.flatten(-2) @ E.mT
+    lz_small = torch.logsumexp(scores, dim=-1)
+    p = torch.exp(scores - lz_small.unsqueeze(-1))
+    nu = (p @ E).view_as(Wr)
+    Lam = _scatter_rows(torch.where(pos, nu / torch.where(pos, Wr, 1.0), 0.0), ridx, n)
+    Urow = Lam + Ainv.mT @ ((P.mT @ Lam) * kfi)
+    Gbar = Urow @ Vc - Ainv.mT
+    H = (Gbar - _colsum(P * Gbar)).add_(1.0)
+    mu = P * H
+    # log det(I − P̂) = log det A + log Z' (sign: parity of the row swaps and of U's diagonal)
+    dU = torch.diagonal(LU, dim1=-2, dim2=-1)
+    ar = torch.arange(1, n + 1, device=dev, dtype=piv.dtype)
+    negative = ((piv != ar).sum(-1) + (dU < 0).sum(-1)) % 2 == 1
+    logdet = torch.log(dU.abs()).sum(-1) + lz_small
+    # Underflow of P: every tree using an edge with P_e below the smallest normal number
+    # (flushed to 0 or denormal, so wrong or dropped) weighs at most P_e (the other columns'
+    # P sum to 1), so the relative error of Z and of every μ is at most n²·tiny/det(I − P̂).
+    # It matters when the surviving trees weigh even less (nested near-closed cycles whose
+    # only real exit lies below the underflow threshold, ±1e4 at τ = 1e-3): the element then
+    # fails and goes to the full log-space elimination.
+    est = est + torch.exp(math.log(n * n * torch.finfo(dt).tiny) - logdet)
+    bad = (info != 0) | negative | ~(lz_small > 0.5 * _NEG) | ~torch.isfinite(logdet)
+    if need_logz:
+        logz = (c * inner.to(dt)).sum(-1) + logdet
+    else:
+        logz = torch.zeros_like(lz_small)
+    est = torch.where(bad, torch.full_like(est, torch.inf), est)
+    state = ReducedState(P, Ainv, kf, valid, jidx, ridx, Vc, Wr, pos, E, p, nu, Lam, Urow,
+                         Gbar, H)
+    return mu, logz, est, state
+
+
+@torch.no_grad()
+def reduced_vjp(state: ReducedState, grad: torch.Tensor) -> torch.Tensor:
+    r"""Σ_ij ḡ_ij ∂μ_ij/∂s for the μ of :func:`reduced_solve`, without autograd.
+
+    μ = ∇ log Z, so this vector–Jacobian product is the Hessian–vector product H ḡ, which (H
+    symmetric) is the directional derivative of μ along ṡ = ḡ on the allowed edges. It is
+    formed by differentiating each line of :func:`reduced_solve` once, forward:
+
+        Ṗ = P ⊙ (ṡ − 1ᵀ(P ⊙ ṡ)),   Ẏ = A⁻¹ [(Ṗ Vcᵀ) on K],   Ẇ' = Ṗ Vcᵀ + P Ẏ,
+        ω̇ = Ẇ'/W',   ν̇ = Σ_T p_T 1_T (⟨1_T, ω̇⟩ − ⟨ν, ω̇⟩)   (the reduced graph's covariance),
+        Λ̇ = (ν̇ − ν ⊙ ω̇)/W',   U̇ = Λ̇ + A⁻ᵀ [(Ṗᵀ Urow + Pᵀ Λ̇) on K],
+        Ġbar = U̇ Vc + Urow Ẏᵀ − A⁻ᵀ (Ṗ_KK)ᵀ A⁻ᵀ,
+        μ̇ = Ṗ ⊙ H + P ⊙ (Ġbar − 1ᵀ(Ṗ ⊙ Gbar + P ⊙ Ġbar)).
+
+    Two n × n products (the last term of Ġbar, as in the fast path's backward), six with an
+    n × m factor, two with the (b, T) tree probabilities, and about twenty passes over n²
+    entries: ~45 dispatched ops for the whole batch of reduced graphs.
+    ``grad`` ``(b, n, n)`` in any float dtype; returns the state's dtype.
+    """
+    P, Ainv, kf, valid, jidx, ridx, Vc, Wr, pos, E, p, nu, Lam, Urow, Gbar, H = state
+    n, m = P.shape[-1], jidx.shape[-1]
+    kfi = kf.unsqueeze(-1)
+    sd = torch.where(valid, grad.to(P.dtype), 0.0)
+    Pd = P * (sd - _colsum(P * sd))
+    R1 = Pd @ Vc.mT
+    Yd = Ainv @ (R1 * kfi)
+    Wd = (R1 + P @ Yd).gather(-2, ridx.unsqueeze(-1).expand(*jidx.shape[:-1], m + 1, m))
+    Ws = torch.where(pos, Wr, 1.0)
+    od = torch.where(pos, Wd / Ws, 0.0)
+    t = od.flatten(-2) @ E.mT
+    a = (nu * od).sum((-1, -2)).unsqueeze(-1)
+    nud = ((p * (t - a)) @ E).view_as(nu)
+    Lamd = _scatter_rows(torch.where(pos, (nud - nu * od) / Ws, 0.0), ridx, n)
+    Ud = Lamd + Ainv.mT @ ((Pd.mT @ Urow + P.mT @ Lamd) * kfi)
+    Pdk = Pd * kfi * kf.unsqueeze(-2)
+    Gd = Ud @ Vc + Urow @ Yd.mT - Ainv.mT @ (Pdk.mT @ Ainv.mT)
+    out = Pd * H
+    return out.add_(P * (Gd - _colsum(Pd * Gbar + P * Gd)))
