@@ -165,7 +165,8 @@ def _result_bad(mu: torch.Tensor, inner: torch.Tensor, n: int) -> torch.Tensor:
     1 within 1e-9/n, entries in [0, 1]); written as ``~(x <= bound)`` so NaN fails too."""
     tol = _check_tolerance(n)
     col_err = torch.where(inner, (mu.sum(dim=-2) - 1).abs(), 0.0).amax(dim=-1)
-    lo, hi = mu.flatten(-2).aminmax(dim=-1)
+    # amin and amax propagate NaN; on CPU the two are ~10x faster than one aminmax
+    lo, hi = mu.amin(dim=(-2, -1)), mu.amax(dim=(-2, -1))
     return ~(col_err <= tol) | ~(lo >= -tol) | ~(hi <= 1 + tol)
 
 
@@ -261,9 +262,7 @@ def _solve_full(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None
                 x[fail], v[fail], None if sub_nodes is None else sub_nodes[fail], root)
             mu_b[fail] = mu_e
             logz_b[fail] = logz_e
-        mu = mu.clone()
-        logz = logz.clone()
-        mu[bad] = mu_b
+        mu[bad] = mu_b          # mu and logz are fresh tensors of _lu_solve
         logz[bad] = logz_b
         path[bad] = (fail.to(torch.int8) + PATH_REDUCED)
     return mu, logz, P, G, path, state
