@@ -66,7 +66,6 @@ from perturb.structured._tree_elimination import (
     ReducedState,
     elimination_marginals,
     elimination_marginals_vjp,
-    reduced_marginals_vjp,
     reduced_solve,
     reduced_vjp,
 )
@@ -245,7 +244,7 @@ def _solve_full(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None
                 need_logz: bool = True):
     """:func:`_solve` plus the cycle reduction's state for :func:`_backward_with_fallback`
     (a :class:`ReducedState` for the elements with ``path != PATH_LU``, in batch order; None
-    when no element failed, or when the reduction took its autograd route)."""
+    when no element failed)."""
     mu, logz, P, G, bad = _lu_solve(s, valid, nodes, root, need_logz)
     path = bad.to(torch.int8)
     state = None
@@ -295,23 +294,19 @@ def _backward_with_fallback(s, valid, nodes, root, P, G, path, grad, mu=None,
                             state: ReducedState | None = None):
     """The vector–Jacobian product of :func:`_solve_full`'s μ: :func:`_marginals_backward` for
     the LU elements, the analytic Hessian–vector product :func:`reduced_vjp` of the cycle
-    reduction (from its saved ``state``; the autograd double backward
-    :func:`reduced_marginals_vjp` when there is none) and the double backward through the
-    log-space elimination for the last tier. One host read per fallback tier present."""
+    reduction (from its saved ``state``; no second differentiation) for the others, and for
+    the last tier the double backward through the log-space elimination. One host read when
+    some element left the LU path."""
     out = _marginals_backward(P, G, grad, mu)
-    if state is not None:   # there are elements with path != PATH_LU
-        bad = path != PATH_LU
-        out[bad] = reduced_vjp(state, grad.expand(s.shape)[bad]).to(out.dtype)
-        tiers = ((PATH_ELIMINATION, elimination_marginals_vjp),)
-    else:
-        tiers = ((PATH_REDUCED, reduced_marginals_vjp),
-                 (PATH_ELIMINATION, elimination_marginals_vjp))
-    for which, vjp in tiers:
-        sel = path == which
-        if bool(sel.any()):
-            sub_nodes = None if nodes is None else nodes.expand(s.shape[:-1])[sel]
-            out[sel] = vjp(s.to(out.dtype)[sel], valid.expand(s.shape)[sel], sub_nodes, root,
-                           grad.expand(s.shape)[sel])
+    if state is None:   # every element took the LU path
+        return out
+    bad = path != PATH_LU
+    out[bad] = reduced_vjp(state, grad.expand(s.shape)[bad]).to(out.dtype)
+    sel = path == PATH_ELIMINATION
+    if bool(sel.any()):
+        sub_nodes = None if nodes is None else nodes.expand(s.shape[:-1])[sel]
+        out[sel] = elimination_marginals_vjp(s.to(out.dtype)[sel], valid.expand(s.shape)[sel],
+                                             sub_nodes, root, grad.expand(s.shape)[sel])
     return out
 
 

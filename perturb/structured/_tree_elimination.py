@@ -234,8 +234,7 @@ def reduced_log_partition(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Ten
 def reduced_marginals(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None,
                       root: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(μ, log Z, error estimate) by autograd through :func:`reduced_log_partition`
-    (detached). The autograd reference of :func:`reduced_solve`, and its route when a graph
-    has more than ``_ENUM_MAX`` cycles."""
+    (detached). The autograd reference of :func:`reduced_solve` (tests)."""
     order, m = reduction_order(s, valid, nodes, root)
     with torch.enable_grad():
         x = s.detach().requires_grad_(True)
@@ -247,8 +246,7 @@ def reduced_marginals(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor 
 def reduced_marginals_vjp(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None,
                           root: int, grad: torch.Tensor) -> torch.Tensor:
     """Σ_ij ḡ_ij ∂μ_ij/∂s through :func:`reduced_log_partition` (double backward). The
-    autograd reference of :func:`reduced_vjp` (about 750 dispatched ops for m ≈ 3), and its
-    route when a graph has more than ``_ENUM_MAX`` cycles."""
+    autograd reference of :func:`reduced_vjp` (tests; about 750 dispatched ops for m ≈ 3)."""
     order, m = reduction_order(s, valid, nodes, root)
     with torch.enable_grad():
         x = s.detach().requires_grad_(True)
@@ -263,8 +261,9 @@ def reduced_marginals_vjp(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Ten
 # --------------------------------------------------------------------------------------------
 
 #: Largest number m of kept nodes for which the reduced graph is summed by enumerating its
-#: (m + 1)^(m − 1) arborescences (16 807 at m = 6); larger m takes the autograd route above.
-_ENUM_MAX = 6
+#: (m + 1)^(m − 1) arborescences (1 296 at m = 5: four products with a (b, 1 296) matrix);
+#: larger m sums it by the log-space elimination (autograd on the m + 1 nodes only).
+_ENUM_MAX = 5
 
 
 @functools.lru_cache(maxsize=None)
@@ -287,6 +286,50 @@ def _tree_incidence(m: int, dtype: torch.dtype, device: torch.device) -> torch.T
     return E.flatten(1).to(dtype=dtype, device=device)
 
 
+def _small_square(omega: torch.Tensor, vr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reduced graph's ``(b, m + 1, m)`` log-weights (columns: the kept nodes) as the
+    square ``(b, m + 1, m + 1)`` input of :func:`elimination_log_partition` (root column 0)."""
+    return (torch.cat([torch.full_like(omega[..., :1], _NEG), omega], dim=-1),
+            torch.cat([torch.zeros_like(vr[..., :1]), vr], dim=-1))
+
+
+def _small_marginals(omega: torch.Tensor, vr: torch.Tensor, E: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(log Z', ν, p) of the reduced graph with log-weights ``omega`` ``(b, m + 1, m)``
+    (``_NEG`` off ``vr``): with the tree incidence E, a log-sum-exp over the trees (p their
+    probabilities, ν = pᵀE); without, autograd through the log-space elimination (p None).
+    log Z' is −inf (or below ``_NEG``/2) when the reduced graph has no arborescence."""
+    if E is not None:
+        scores = omega.flatten(-2) @ E.mT
+        lz = torch.logsumexp(scores, dim=-1)
+        p = torch.exp(scores - lz.unsqueeze(-1))
+        return lz, (p @ E).view_as(omega), p
+    with torch.enable_grad():
+        x = omega.detach().requires_grad_(True)
+        sq, vsq = _small_square(x, vr)
+        lz = elimination_log_partition(sq, vsq, None, 0, once=True)
+        (nu,) = torch.autograd.grad(lz.sum(), x)
+    return lz.detach(), nu, None
+
+
+def _small_hvp(omega: torch.Tensor, vr: torch.Tensor, E: torch.Tensor | None,
+               p: torch.Tensor | None, nu: torch.Tensor, od: torch.Tensor) -> torch.Tensor:
+    """ν̇ = ∇²log Z'(ω) ω̇ of the reduced graph: the covariance of the tree indicators,
+    Σ_T p_T 1_T (⟨1_T, ω̇⟩ − ⟨ν, ω̇⟩), with the tree incidence E; otherwise a double backward
+    through the log-space elimination of its m + 1 nodes."""
+    if E is not None:
+        t = od.flatten(-2) @ E.mT
+        a = (nu * od).sum((-1, -2)).unsqueeze(-1)
+        return ((p * (t - a)) @ E).view_as(nu)
+    with torch.enable_grad():
+        x = omega.detach().requires_grad_(True)
+        sq, vsq = _small_square(x, vr)
+        lz = elimination_log_partition(sq, vsq, None, 0)
+        (g,) = torch.autograd.grad(lz.sum(), x, create_graph=True)
+        (out,) = torch.autograd.grad(g, x, od)
+    return out
+
+
 class ReducedState(NamedTuple):
     """What :func:`reduced_vjp` needs from :func:`reduced_solve` (one entry per graph; n the
     nodes, m the kept ones, T the arborescences of the reduced graph).
@@ -294,9 +337,10 @@ class ReducedState(NamedTuple):
     P ``(b, n, n)`` column softmax; Ainv = (I − P ⊙ kkᵀ)⁻¹ (identity outside K); kf ``(b, n)``
     the indicator of K; valid; jidx ``(b, m)`` the kept nodes J and ridx ``(b, m + 1)`` the
     rows R = (root, J); Vc ``(b, m, n)`` = Yᵀ + the indicator rows of J, Y = Ainv P_·J (rows
-    in K); Wr ``(b, m + 1, m)`` the reduced weights, pos their usable entries, E the tree
-    incidence ``(T, (m + 1)·m)``, p ``(b, T)`` the tree probabilities of the reduced graph,
-    nu ``(b, m + 1, m)`` its edge marginals; Lam ``(b, n, m)`` = ∂ log Z'/∂W' on the rows R;
+    in K); Wr ``(b, m + 1, m)`` the reduced weights, pos their usable entries, omega their logs
+    (``_NEG`` off vr), E the tree incidence ``(T, (m + 1)·m)`` and p ``(b, T)`` the tree
+    probabilities of the reduced graph (None when m > ``_ENUM_MAX``), nu ``(b, m + 1, m)`` its
+    edge marginals; Lam ``(b, n, m)`` = ∂ log Z'/∂W' on the rows R;
     Urow ``(b, n, m)`` = Lam + Q, Q = Ainvᵀ P_K·ᵀ Lam (rows in K); Gbar ``(b, n, n)`` = ∂ log Z/∂P
     (up to the column constant); H = 1 + Gbar − 1ᵀ(P ⊙ Gbar), so that μ = P ⊙ H."""
     P: torch.Tensor
@@ -308,8 +352,10 @@ class ReducedState(NamedTuple):
     Vc: torch.Tensor
     Wr: torch.Tensor
     pos: torch.Tensor
-    E: torch.Tensor
-    p: torch.Tensor
+    omega: torch.Tensor
+    vr: torch.Tensor
+    E: torch.Tensor | None
+    p: torch.Tensor | None
     nu: torch.Tensor
     Lam: torch.Tensor
     Urow: torch.Tensor
@@ -347,7 +393,7 @@ def _colsum(x: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def reduced_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, root: int,
                   P: torch.Tensor | None = None, need_logz: bool = True
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, ReducedState | None]:
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, ReducedState]:
     r"""(μ, log Z, error estimate, state) of the cycle reduction of
     :func:`reduced_log_partition` with the marginals written out (no autograd).
 
@@ -363,16 +409,16 @@ def reduced_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | No
     where Z' sums the (m + 1)^(m − 1) arborescences of the reduced graph (rooted at the root;
     its self-loops W'_jj dropped) and ν = ∂ log Z'/∂ log W' are their edge marginals:
     enumeration in log space (a log-sum-exp over the trees; exact and subtraction-free at any
-    scale). In the padded n × n form used here, Gbar = Urow Vc − A⁻ᵀ with Urow = Λ + Xᵀ Λ (on
+    scale) for m ≤ ``_ENUM_MAX``, else autograd through the log-space elimination of the
+    m + 1 nodes (the only autograd left, on a tiny graph). In the padded n × n form used here, Gbar = Urow Vc − A⁻ᵀ with Urow = Λ + Xᵀ Λ (on
     the rows R and K) and Vc = [Yᵀ, I] (on the columns K and J): five products with an n × m
     factor and one n × n inverse. The arithmetic is that of autograd through
     :func:`reduced_log_partition` (same sums, same error estimate).
 
     ``P`` (the column softmax of ``s``, e.g. from the fast path) is reused when given and
-    log Z is not needed. log Z is 0 when ``need_logz`` is False; a non-finite log Z' or a
-    singular A then shows as an infinite estimate. When the batch has more than
-    ``_ENUM_MAX`` cycles in one graph the autograd route :func:`reduced_marginals` runs
-    instead and the state is None.
+    log Z is not needed. log Z is 0 when ``need_logz`` is False. A reduced graph without an
+    arborescence (its exits underflowed), a singular or indefinite A, or P underflow that
+    may matter (below) show as an infinite or large estimate.
 
     Shapes: ``s``, ``valid``: ``(b, n, n)``; ``nodes``: ``(b, n)`` or None. Host reads: one (m).
     """
@@ -380,9 +426,6 @@ def reduced_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | No
     if need_logz or P is None:
         P, c = _column_softmax_differentiable(s, valid)
     jidx, inner, m = _kept_nodes(P, nodes, root)
-    if m > _ENUM_MAX:
-        mu, logz, est = reduced_marginals(s, valid, nodes, root)
-        return mu, logz, est, None
     dt, dev = P.dtype, P.device
     kf = (inner & torch.ones_like(inner).scatter_(-1, jidx, False)).to(dt)
     kfi = kf.unsqueeze(-1)
@@ -405,11 +448,9 @@ def reduced_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | No
     dummy[..., 0, :] = ~inner.gather(-1, jidx)
     omega = torch.where(pos, torch.log(torch.where(pos, Wr, 1.0)),
                         torch.full_like(Wr, _NEG).masked_fill_(dummy, 0.0))
-    E = _tree_incidence(m, dt, dev)
-    scores = omega.flatten(-2) @ E.mT
-    lz_small = torch.logsumexp(scores, dim=-1)
-    p = torch.exp(scores - lz_small.unsqueeze(-1))
-    nu = (p @ E).view_as(Wr)
+    vr = pos | dummy
+    E = _tree_incidence(m, dt, dev) if m <= _ENUM_MAX else None
+    lz_small, nu, p = _small_marginals(omega, vr, E)
     Lam = _scatter_rows(torch.where(pos, nu / torch.where(pos, Wr, 1.0), 0.0), ridx, n)
     Urow = Lam + Ainv.mT @ ((P.mT @ Lam) * kfi)
     Gbar = Urow @ Vc - Ainv.mT
@@ -433,8 +474,8 @@ def reduced_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | No
     else:
         logz = torch.zeros_like(lz_small)
     est = torch.where(bad, torch.full_like(est, torch.inf), est)
-    state = ReducedState(P, Ainv, kf, valid, jidx, ridx, Vc, Wr, pos, E, p, nu, Lam, Urow,
-                         Gbar, H)
+    state = ReducedState(P, Ainv, kf, valid, jidx, ridx, Vc, Wr, pos, omega, vr, E, p, nu,
+                         Lam, Urow, Gbar, H)
     return mu, logz, est, state
 
 
@@ -457,7 +498,7 @@ def reduced_vjp(state: ReducedState, grad: torch.Tensor) -> torch.Tensor:
     entries: ~45 dispatched ops for the whole batch of reduced graphs.
     ``grad`` ``(b, n, n)`` in any float dtype; returns the state's dtype.
     """
-    P, Ainv, kf, valid, jidx, ridx, Vc, Wr, pos, E, p, nu, Lam, Urow, Gbar, H = state
+    P, Ainv, kf, valid, jidx, ridx, Vc, Wr, pos, omega, vr, E, p, nu, Lam, Urow, Gbar, H = state
     n, m = P.shape[-1], jidx.shape[-1]
     kfi = kf.unsqueeze(-1)
     sd = torch.where(valid, grad.to(P.dtype), 0.0)
@@ -467,9 +508,7 @@ def reduced_vjp(state: ReducedState, grad: torch.Tensor) -> torch.Tensor:
     Wd = (R1 + P @ Yd).gather(-2, ridx.unsqueeze(-1).expand(*jidx.shape[:-1], m + 1, m))
     Ws = torch.where(pos, Wr, 1.0)
     od = torch.where(pos, Wd / Ws, 0.0)
-    t = od.flatten(-2) @ E.mT
-    a = (nu * od).sum((-1, -2)).unsqueeze(-1)
-    nud = ((p * (t - a)) @ E).view_as(nu)
+    nud = _small_hvp(omega, vr, E, p, nu, od)
     Lamd = _scatter_rows(torch.where(pos, (nud - nu * od) / Ws, 0.0), ridx, n)
     Ud = Lamd + Ainv.mT @ ((Pd.mT @ Urow + P.mT @ Lamd) * kfi)
     Pdk = Pd * kfi * kf.unsqueeze(-2)
