@@ -43,9 +43,10 @@ checked a posteriori (finite, μ in [0, 1], every non-root column of μ summing 
 1e-9/n, positive determinant, and the error estimate 4·max(n, 8)·eps·‖G‖₁ below 1e-8; a few
 O(n²) reductions, no host synchronisation) and the failing batch elements are recomputed by
 the cycle reduction of :mod:`perturb.structured._tree_elimination` (an LU of every node but one
-per cycle of best parents, which is well conditioned and subtraction-free, then log-space
-elimination of the few kept nodes), and where that fails its own check too (scores so extreme
-that the column softmax underflows) by the full log-space elimination, exact for any scale but
+per cycle of best parents, which is well conditioned and subtraction-free, then a log-space
+sum over the arborescences of the few kept nodes; marginals and backward written out, no
+autograd), and where that fails its own check too (scores so extreme that the column softmax
+underflows where it matters) by the full log-space elimination, exact for any scale but
 10–50× slower. Both fallbacks are batched over the failing elements.
 
 Backward modes: ``"analytic"`` (the formula above; once differentiable) and ``"unroll"``
@@ -314,11 +315,14 @@ class _TreeMarginals(torch.autograd.Function):
     r"""μ = ∇_s log Z(s) for arborescences rooted at ``root`` (module docstring).
 
     forward: μ_ij = P_ij (G_jj − G_ji), G = (I − P̂)⁻¹, P the column softmax of s; the elements
-    failing the a-posteriori check are recomputed by log-space elimination.
+    failing the a-posteriori check are recomputed by the cycle reduction (or the log-space
+    elimination).
     backward: ∂ℓ/∂s_ij = P_ij [ḡ_ij (G_jj − G_ji) − N_jj + N_ij], N = Gᵀ(diag(1ᵀK) − Kᵀ)Gᵀ,
-    K = ḡ ⊙ P (:func:`_marginals_backward`); for the recomputed elements a Hessian–vector
-    product through the elimination. Once differentiable (use ``backward="unroll"`` for higher
-    derivatives of the marginals; log Z is twice differentiable through this Function).
+    K = ḡ ⊙ P (:func:`_marginals_backward`); for the recomputed elements the analytic
+    Hessian–vector product of the cycle reduction (:func:`reduced_vjp`, from the state the
+    forward kept) or a double backward through the elimination. Once differentiable (use
+    ``backward="unroll"`` for higher derivatives of the marginals; log Z is twice
+    differentiable through this Function).
     """
 
     @staticmethod

@@ -18,9 +18,12 @@ through it gives the marginals μ = ∇ log Z, whose backward passes are the sof
 of the log-sum-exps. The price: O(n³) transcendental functions in a Python loop over n steps
 (about 10–50× slower than an LU factorisation), and O(n³) memory when differentiated. It is the
 last fallback of the fast path in :mod:`perturb.structured._matrix_tree` and the independent
-``"unroll"`` reference. The first fallback, :func:`reduced_log_partition` below, applies it
-only to one node per cycle of the best-parent graph after eliminating all other nodes by one
-(well-conditioned, subtraction-free) LU.
+``"unroll"`` reference. The first fallback, the cycle reduction (:func:`reduced_log_partition`
+below), keeps only one node per cycle of the best-parent graph after eliminating all other
+nodes by one (well-conditioned, subtraction-free) LU. :func:`reduced_solve` and
+:func:`reduced_vjp` compute its marginals and their vector–Jacobian product in closed form
+(the reduced graph's few arborescences summed in log space; no autograd, no double
+backward); autograd through :func:`reduced_log_partition` is their reference in the tests.
 
 References:
     Grassmann, Taksar & Heyman, "Regenerative analysis and steady state distributions for
@@ -412,9 +415,9 @@ def reduced_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | No
     its self-loops W'_jj dropped) and ν = ∂ log Z'/∂ log W' are their edge marginals:
     enumeration in log space (a log-sum-exp over the trees; exact and subtraction-free at any
     scale) for m ≤ ``_ENUM_MAX``, else autograd through the log-space elimination of the
-    m + 1 nodes (the only autograd left, on a tiny graph). In the padded n × n form used here, Gbar = Urow Vc − A⁻ᵀ with Urow = Λ + Xᵀ Λ (on
-    the rows R and K) and Vc = [Yᵀ, I] (on the columns K and J): five products with an n × m
-    factor and one n × n inverse. The arithmetic is that of autograd through
+    m + 1 nodes (the only autograd left, on a tiny graph). In the padded n × n form used
+    here, Gbar = Urow Vc − A⁻ᵀ with Urow = Λ + Xᵀ Λ (on the rows R and K) and Vc = [Yᵀ, I]
+    (on the columns K and J): five products with an n × m factor and one n × n inverse. The arithmetic is that of autograd through
     :func:`reduced_log_partition` (same sums, same error estimate).
 
     ``P`` (the column softmax of ``s``, e.g. from the fast path) is reused when given and
@@ -495,9 +498,10 @@ def reduced_vjp(state: ReducedState, grad: torch.Tensor) -> torch.Tensor:
         Ġbar = U̇ Vc + Urow Ẏᵀ − A⁻ᵀ (Ṗ_KK)ᵀ A⁻ᵀ,
         μ̇ = Ṗ ⊙ H + P ⊙ (Ġbar − 1ᵀ(Ṗ ⊙ Gbar + P ⊙ Ġbar)).
 
-    Two n × n products (the last term of Ġbar, as in the fast path's backward), six with an
-    n × m factor, two with the (b, T) tree probabilities, and about twenty passes over n²
-    entries: ~45 dispatched ops for the whole batch of reduced graphs.
+    Two n × n products (the last term of Ġbar, as in the fast path's backward), eight with an
+    n × m factor, two with the tree incidence, and about twenty passes over n² entries: ~70
+    dispatched ops for the whole batch of reduced graphs (the autograd double backward of
+    :func:`reduced_marginals_vjp`: ~750).
     ``grad`` ``(b, n, n)`` in any float dtype; returns the state's dtype.
     """
     P, Ainv, kf, valid, jidx, ridx, Vc, Wr, pos, omega, vr, E, p, nu, Lam, Urow, Gbar, H = state
