@@ -17,16 +17,23 @@ This gives log Z to full relative accuracy for any score scale (±1e4, τ = 1e-3
 through it gives the marginals μ = ∇ log Z, whose backward passes are the softmax-like weights
 of the log-sum-exps. The price: O(n³) transcendental functions in a Python loop over n steps
 (about 10–50× slower than an LU factorisation), and O(n³) memory when differentiated. It is the
-last fallback of the fast path in :mod:`perturb.structured._matrix_tree` and the independent
-``"unroll"`` reference. The first fallback, :func:`reduced_log_partition` below, applies it
-only to one node per cycle of the best-parent graph after eliminating all other nodes by one
-(well-conditioned, subtraction-free) LU.
+last fallback of the fast path in :mod:`perturb.structured.trees.matrix_tree` and the independent
+``"unroll"`` reference. The first fallback, the cycle reduction (:func:`reduced_log_partition`
+below), keeps only one node per cycle of the best-parent graph after eliminating all other
+nodes by one (well-conditioned, subtraction-free) LU. :func:`reduced_solve` and
+:func:`reduced_vjp` compute its marginals and their vector–Jacobian product in closed form
+(the reduced graph's few arborescences summed in log space; no autograd, no double
+backward); autograd through :func:`reduced_log_partition` is their reference in the tests.
 
 References:
     Grassmann, Taksar & Heyman, "Regenerative analysis and steady state distributions for
     Markov chains", Operations Research 33(5), 1985.
 """
 from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
 
 import torch
 
@@ -230,7 +237,7 @@ def reduced_log_partition(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Ten
 def reduced_marginals(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None,
                       root: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(μ, log Z, error estimate) by autograd through :func:`reduced_log_partition`
-    (detached)."""
+    (detached). The autograd reference of :func:`reduced_solve` (tests)."""
     order, m = reduction_order(s, valid, nodes, root)
     with torch.enable_grad():
         x = s.detach().requires_grad_(True)
@@ -241,7 +248,8 @@ def reduced_marginals(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor 
 
 def reduced_marginals_vjp(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None,
                           root: int, grad: torch.Tensor) -> torch.Tensor:
-    """Σ_ij ḡ_ij ∂μ_ij/∂s through :func:`reduced_log_partition` (double backward)."""
+    """Σ_ij ḡ_ij ∂μ_ij/∂s through :func:`reduced_log_partition` (double backward). The
+    autograd reference of :func:`reduced_vjp` (tests; about 750 dispatched ops for m ≈ 3)."""
     order, m = reduction_order(s, valid, nodes, root)
     with torch.enable_grad():
         x = s.detach().requires_grad_(True)
@@ -249,3 +257,267 @@ def reduced_marginals_vjp(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Ten
         (mu,) = torch.autograd.grad(logz.sum(), x, create_graph=True)
         (out,) = torch.autograd.grad(mu, x, grad.to(mu.dtype))
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# the cycle reduction with explicit marginals and an analytic Hessian–vector product
+# --------------------------------------------------------------------------------------------
+
+#: Largest number m of kept nodes for which the reduced graph is summed by enumerating its
+#: (m + 1)^(m − 1) arborescences (16 807 at m = 6: four products of a (b, 42) or (b, 16 807)
+#: matrix with the 5.6 MB float64 incidence, ~2.5 ms for b = 14 on one CPU thread, against
+#: ~1 250 dispatched ops for the elimination's double backward); larger m sums it by the
+#: log-space elimination (autograd on the m + 1 nodes only).
+_ENUM_MAX = 6
+
+
+@functools.lru_cache(maxsize=None)
+def _tree_incidence(m: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``(T, (m + 1)·m)`` 0/1: the T = (m + 1)^(m − 1) arborescences of the complete digraph on
+    nodes 0..m rooted at 0; entry ``[t, r·m + q]`` is 1 iff node r is the parent of node q + 1
+    in tree t. Built once per (m, dtype, device) by filtering all parent maps (pointer
+    following m times reaches the root from every node iff there is no cycle)."""
+    if m == 0:
+        return torch.ones(1, 0, dtype=dtype, device=device)
+    choices = torch.arange(m + 1)
+    par = torch.cartesian_prod(*([choices] * m)).reshape(-1, m)   # par[:, q]: parent of q + 1
+    par = par[(par != torch.arange(1, m + 1)).all(-1)]
+    full = torch.cat([torch.zeros(len(par), 1, dtype=par.dtype), par], dim=1)
+    anc = full
+    for _ in range(m):
+        anc = full.gather(1, anc)
+    par = par[(anc == 0).all(-1)]
+    E = torch.zeros(len(par), m + 1, m).scatter_(1, par.unsqueeze(1), 1.0)
+    return E.flatten(1).to(dtype=dtype, device=device)
+
+
+def _small_square(omega: torch.Tensor, vr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reduced graph's ``(b, m + 1, m)`` log-weights (columns: the kept nodes) as the
+    square ``(b, m + 1, m + 1)`` input of :func:`elimination_log_partition` (root column 0)."""
+    return (torch.cat([torch.full_like(omega[..., :1], _NEG), omega], dim=-1),
+            torch.cat([torch.zeros_like(vr[..., :1]), vr], dim=-1))
+
+
+def _small_marginals(omega: torch.Tensor, vr: torch.Tensor, E: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(log Z', ν, p) of the reduced graph with log-weights ``omega`` ``(b, m + 1, m)``
+    (``_NEG`` off ``vr``): with the tree incidence E, a log-sum-exp over the trees (p their
+    probabilities, ν = pᵀE); without, autograd through the log-space elimination (p None).
+    log Z' is −inf (or below ``_NEG``/2) when the reduced graph has no arborescence."""
+    if E is not None:
+        scores = omega.flatten(-2) @ E.mT
+        lz = torch.logsumexp(scores, dim=-1)
+        p = torch.exp(scores - lz.unsqueeze(-1))
+        return lz, (p @ E).view_as(omega), p
+    with torch.enable_grad():
+        x = omega.detach().requires_grad_(True)
+        sq, vsq = _small_square(x, vr)
+        lz = elimination_log_partition(sq, vsq, None, 0, once=True)
+        (nu,) = torch.autograd.grad(lz.sum(), x)
+    return lz.detach(), nu, None
+
+
+def _small_hvp(omega: torch.Tensor, vr: torch.Tensor, E: torch.Tensor | None,
+               p: torch.Tensor | None, nu: torch.Tensor, od: torch.Tensor) -> torch.Tensor:
+    """ν̇ = ∇²log Z'(ω) ω̇ of the reduced graph: the covariance of the tree indicators,
+    Σ_T p_T 1_T (⟨1_T, ω̇⟩ − ⟨ν, ω̇⟩), with the tree incidence E; otherwise a double backward
+    through the log-space elimination of its m + 1 nodes."""
+    if E is not None:
+        t = od.flatten(-2) @ E.mT
+        a = (nu * od).sum((-1, -2)).unsqueeze(-1)
+        return ((p * (t - a)) @ E).view_as(nu)
+    with torch.enable_grad():
+        x = omega.detach().requires_grad_(True)
+        sq, vsq = _small_square(x, vr)
+        lz = elimination_log_partition(sq, vsq, None, 0)
+        (g,) = torch.autograd.grad(lz.sum(), x, create_graph=True)
+        (out,) = torch.autograd.grad(g, x, od)
+    return out
+
+
+class ReducedState(NamedTuple):
+    """What :func:`reduced_vjp` needs from :func:`reduced_solve` (one entry per graph; n the
+    nodes, m the kept ones, T the arborescences of the reduced graph).
+
+    P ``(b, n, n)`` column softmax; Ainv = (I − P ⊙ kkᵀ)⁻¹ (identity outside K); kf ``(b, n)``
+    the indicator of K; valid; jidx ``(b, m)`` the kept nodes J and ridx ``(b, m + 1)`` the
+    rows R = (root, J); Vc ``(b, m, n)`` = Yᵀ + the indicator rows of J, Y = Ainv P_·J (rows
+    in K); Wr ``(b, m + 1, m)`` the reduced weights, pos their usable entries, omega their logs
+    (``_NEG`` off vr), E the tree incidence ``(T, (m + 1)·m)`` and p ``(b, T)`` the tree
+    probabilities of the reduced graph (None when m > ``_ENUM_MAX``), nu ``(b, m + 1, m)`` its
+    edge marginals; Lam ``(b, n, m)`` = ∂ log Z'/∂W' on the rows R;
+    Urow ``(b, n, m)`` = Lam + Q, Q = Ainvᵀ P_K·ᵀ Lam (rows in K); Gbar ``(b, n, n)`` = ∂ log Z/∂P
+    (up to the column constant); H = 1 + Gbar − 1ᵀ(P ⊙ Gbar), so that μ = P ⊙ H."""
+    P: torch.Tensor
+    Ainv: torch.Tensor
+    kf: torch.Tensor
+    valid: torch.Tensor
+    jidx: torch.Tensor
+    ridx: torch.Tensor
+    Vc: torch.Tensor
+    Wr: torch.Tensor
+    pos: torch.Tensor
+    omega: torch.Tensor
+    vr: torch.Tensor
+    E: torch.Tensor | None
+    p: torch.Tensor | None
+    nu: torch.Tensor
+    Lam: torch.Tensor
+    Urow: torch.Tensor
+    Gbar: torch.Tensor
+    H: torch.Tensor
+
+
+def _kept_nodes(P: torch.Tensor, nodes: torch.Tensor | None, root: int
+                ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(jidx ``(b, m)``, inner ``(b, n)``, m): the cycle representatives of every graph, padded
+    to the batch maximum m with other existing non-root nodes (absent nodes only when a graph
+    has fewer than m). One host read (m)."""
+    n = P.shape[-1]
+    reps = cycle_representatives(P, nodes, root)
+    m = int(reps.sum(-1).max()) if reps.numel() else 0
+    inner = torch.ones(P.shape[:-1], dtype=torch.bool, device=P.device)
+    if nodes is not None:
+        inner = inner & nodes
+    inner[..., root] = False
+    key = reps.to(torch.long) * (2 * n) + inner.to(torch.long) * n \
+        + torch.arange(n, device=P.device)
+    return key.topk(m, dim=-1).indices, inner, m
+
+
+def _scatter_rows(x: torch.Tensor, ridx: torch.Tensor, n: int) -> torch.Tensor:
+    """``(b, m + 1, m)`` -> ``(b, n, m)`` with row r of x at row ridx[r], zeros elsewhere."""
+    out = x.new_zeros(*x.shape[:-2], n, x.shape[-1])
+    return out.scatter_(-2, ridx.unsqueeze(-1).expand_as(x), x)
+
+
+def _colsum(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(dim=-2, keepdim=True)
+
+
+@torch.no_grad()
+def reduced_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, root: int,
+                  P: torch.Tensor | None = None, need_logz: bool = True
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, ReducedState]:
+    r"""(μ, log Z, error estimate, state) of the cycle reduction of
+    :func:`reduced_log_partition` with the marginals written out (no autograd).
+
+    With the column softmax P, K the eliminated nodes (one LU), J the m kept ones (one per
+    cycle of best parents), R = J ∪ {root}, A = I − P_KK, Y = A⁻¹ P_KJ, X = P_RK A⁻¹ and the
+    reduced weights W' = P_RJ + P_RK Y:
+
+        log Z = Σ_j c_j + log det A + log Z'(log W'),
+        ∂ log Z/∂P = Gbar:  Gbar_RJ = Λ,  Gbar_RK = Λ Yᵀ,  Gbar_KJ = Xᵀ Λ,
+                            Gbar_KK = Xᵀ Λ Yᵀ − A⁻ᵀ,      Λ = ν / W',
+        μ_ij = P_ij (1 + Gbar_ij − Σ_k P_kj Gbar_kj)      (the column softmax's chain rule),
+
+    where Z' sums the (m + 1)^(m − 1) arborescences of the reduced graph (rooted at the root;
+    its self-loops W'_jj dropped) and ν = ∂ log Z'/∂ log W' are their edge marginals:
+    enumeration in log space (a log-sum-exp over the trees; exact and subtraction-free at any
+    scale) for m ≤ ``_ENUM_MAX``, else autograd through the log-space elimination of the
+    m + 1 nodes (the only autograd left, on a tiny graph). In the padded n × n form used
+    here, Gbar = Urow Vc − A⁻ᵀ with Urow = Λ + Xᵀ Λ (on the rows R and K) and Vc = [Yᵀ, I]
+    (on the columns K and J): five products with an n × m factor and one n × n inverse. The arithmetic is that of autograd through
+    :func:`reduced_log_partition` (same sums, same error estimate).
+
+    ``P`` (the column softmax of ``s``, e.g. from the fast path) is reused when given and
+    log Z is not needed. log Z is 0 when ``need_logz`` is False. A reduced graph without an
+    arborescence (its exits underflowed), a singular or indefinite A, or P underflow that
+    may matter (below) show as an infinite or large estimate.
+
+    Shapes: ``s``, ``valid``: ``(b, n, n)``; ``nodes``: ``(b, n)`` or None. Host reads: one (m).
+    """
+    n = s.shape[-1]
+    if need_logz or P is None:
+        P, c = _column_softmax_differentiable(s, valid)
+    jidx, inner, m = _kept_nodes(P, nodes, root)
+    dt, dev = P.dtype, P.device
+    kf = (inner & torch.ones_like(inner).scatter_(-1, jidx, False)).to(dt)
+    kfi = kf.unsqueeze(-1)
+    eye = torch.eye(n, dtype=dt, device=dev)
+    LU, piv, info = torch.linalg.lu_factor_ex(eye - P * kfi * kf.unsqueeze(-2))
+    Ainv = torch.linalg.lu_solve(LU, piv, eye.expand_as(LU))
+    est = 4 * max(n, 8) * torch.finfo(dt).eps * Ainv.abs().sum(-2).amax(-1)
+    ridx = torch.cat([jidx.new_full((*jidx.shape[:-1], 1), root), jidx], dim=-1)
+    PJ = P.gather(-1, jidx.unsqueeze(-2).expand(*jidx.shape[:-1], n, m))
+    Y = Ainv @ (PJ * kfi)
+    Vc = Y.mT.scatter(-1, jidx.unsqueeze(-1), 1.0)    # Y is 0 on the columns J
+    W = P @ Vc.mT                                     # P_·J + P_·K Y
+    Wr = W.gather(-2, ridx.unsqueeze(-1).expand(*jidx.shape[:-1], m + 1, m))
+    loops = torch.eye(m + 1, dtype=torch.bool, device=dev)[:, 1:]  # (q + 1, q): self-loops
+    pos = (Wr > 0) & ~loops
+    # an absent node padding J gets an edge from the root of weight 1: it contributes log 1
+    # and no gradient (an existing node whose reduced in-weights all underflow makes
+    # log Z' = −inf instead, and fails the check)
+    dummy = torch.zeros_like(pos)
+    dummy[..., 0, :] = ~inner.gather(-1, jidx)
+    omega = torch.where(pos, torch.log(torch.where(pos, Wr, 1.0)),
+                        torch.full_like(Wr, _NEG).masked_fill_(dummy, 0.0))
+    vr = pos | dummy
+    E = _tree_incidence(m, dt, dev) if m <= _ENUM_MAX else None
+    lz_small, nu, p = _small_marginals(omega, vr, E)
+    Lam = _scatter_rows(torch.where(pos, nu / torch.where(pos, Wr, 1.0), 0.0), ridx, n)
+    Urow = Lam + Ainv.mT @ ((P.mT @ Lam) * kfi)
+    Gbar = Urow @ Vc - Ainv.mT
+    H = (Gbar - _colsum(P * Gbar)).add_(1.0)
+    mu = P * H
+    # log det(I − P̂) = log det A + log Z' (sign: parity of the row swaps and of U's diagonal)
+    dU = torch.diagonal(LU, dim1=-2, dim2=-1)
+    ar = torch.arange(1, n + 1, device=dev, dtype=piv.dtype)
+    negative = ((piv != ar).sum(-1) + (dU < 0).sum(-1)) % 2 == 1
+    logdet = torch.log(dU.abs()).sum(-1) + lz_small
+    # Underflow of P: every tree using an edge with P_e below the smallest normal number
+    # (flushed to 0 or denormal, so wrong or dropped) weighs at most P_e (the other columns'
+    # P sum to 1), so the relative error of Z and of every μ is at most n²·tiny/det(I − P̂).
+    # It matters when the surviving trees weigh even less (nested near-closed cycles whose
+    # only real exit lies below the underflow threshold, ±1e4 at τ = 1e-3): the element then
+    # fails and goes to the full log-space elimination.
+    est = est + torch.exp(math.log(n * n * torch.finfo(dt).tiny) - logdet)
+    bad = (info != 0) | negative | ~(lz_small > 0.5 * _NEG) | ~torch.isfinite(logdet)
+    if need_logz:
+        logz = (c * inner.to(dt)).sum(-1) + logdet
+    else:
+        logz = torch.zeros_like(lz_small)
+    est = torch.where(bad, torch.full_like(est, torch.inf), est)
+    state = ReducedState(P, Ainv, kf, valid, jidx, ridx, Vc, Wr, pos, omega, vr, E, p, nu,
+                         Lam, Urow, Gbar, H)
+    return mu, logz, est, state
+
+
+@torch.no_grad()
+def reduced_vjp(state: ReducedState, grad: torch.Tensor) -> torch.Tensor:
+    r"""Σ_ij ḡ_ij ∂μ_ij/∂s for the μ of :func:`reduced_solve`, without autograd.
+
+    μ = ∇ log Z, so this vector–Jacobian product is the Hessian–vector product H ḡ, which (H
+    symmetric) is the directional derivative of μ along ṡ = ḡ on the allowed edges. It is
+    formed by differentiating each line of :func:`reduced_solve` once, forward:
+
+        Ṗ = P ⊙ (ṡ − 1ᵀ(P ⊙ ṡ)),   Ẏ = A⁻¹ [(Ṗ Vcᵀ) on K],   Ẇ' = Ṗ Vcᵀ + P Ẏ,
+        ω̇ = Ẇ'/W',   ν̇ = Σ_T p_T 1_T (⟨1_T, ω̇⟩ − ⟨ν, ω̇⟩)   (the reduced graph's covariance),
+        Λ̇ = (ν̇ − ν ⊙ ω̇)/W',   U̇ = Λ̇ + A⁻ᵀ [(Ṗᵀ Urow + Pᵀ Λ̇) on K],
+        Ġbar = U̇ Vc + Urow Ẏᵀ − A⁻ᵀ (Ṗ_KK)ᵀ A⁻ᵀ,
+        μ̇ = Ṗ ⊙ H + P ⊙ (Ġbar − 1ᵀ(Ṗ ⊙ Gbar + P ⊙ Ġbar)).
+
+    Two n × n products (the last term of Ġbar, as in the fast path's backward), eight with an
+    n × m factor, two with the tree incidence, and about twenty passes over n² entries: ~70
+    dispatched ops for the whole batch of reduced graphs (the autograd double backward of
+    :func:`reduced_marginals_vjp`: ~750).
+    ``grad`` ``(b, n, n)`` in any float dtype; returns the state's dtype.
+    """
+    P, Ainv, kf, valid, jidx, ridx, Vc, Wr, pos, omega, vr, E, p, nu, Lam, Urow, Gbar, H = state
+    n, m = P.shape[-1], jidx.shape[-1]
+    kfi = kf.unsqueeze(-1)
+    sd = torch.where(valid, grad.to(P.dtype), 0.0)
+    Pd = P * (sd - _colsum(P * sd))
+    R1 = Pd @ Vc.mT
+    Yd = Ainv @ (R1 * kfi)
+    Wd = (R1 + P @ Yd).gather(-2, ridx.unsqueeze(-1).expand(*jidx.shape[:-1], m + 1, m))
+    Ws = torch.where(pos, Wr, 1.0)
+    od = torch.where(pos, Wd / Ws, 0.0)
+    nud = _small_hvp(omega, vr, E, p, nu, od)
+    Lamd = _scatter_rows(torch.where(pos, (nud - nu * od) / Ws, 0.0), ridx, n)
+    Ud = Lamd + Ainv.mT @ ((Pd.mT @ Urow + P.mT @ Lamd) * kfi)
+    Pdk = Pd * kfi * kf.unsqueeze(-2)
+    Gd = Ud @ Vc + Urow @ Yd.mT - Ainv.mT @ (Pdk.mT @ Ainv.mT)
+    out = Pd * H
+    return out.add_(P * (Gd - _colsum(Pd * Gbar + P * Gd)))

@@ -42,10 +42,11 @@ those near-closed cycles, and μ is accurate to about eps·‖G‖₁ only. Each
 checked a posteriori (finite, μ in [0, 1], every non-root column of μ summing to 1 within
 1e-9/n, positive determinant, and the error estimate 4·max(n, 8)·eps·‖G‖₁ below 1e-8; a few
 O(n²) reductions, no host synchronisation) and the failing batch elements are recomputed by
-the cycle reduction of :mod:`perturb.structured._tree_elimination` (an LU of every node but one
-per cycle of best parents, which is well conditioned and subtraction-free, then log-space
-elimination of the few kept nodes), and where that fails its own check too (scores so extreme
-that the column softmax underflows) by the full log-space elimination, exact for any scale but
+the cycle reduction of :mod:`perturb.structured.trees._elimination` (an LU of every node but one
+per cycle of best parents, which is well conditioned and subtraction-free, then a log-space
+sum over the arborescences of the few kept nodes; marginals and backward written out, no
+autograd), and where that fails its own check too (scores so extreme that the column softmax
+underflows where it matters) by the full log-space elimination, exact for any scale but
 10–50× slower. Both fallbacks are batched over the failing elements.
 
 Backward modes: ``"analytic"`` (the formula above; once differentiable) and ``"unroll"``
@@ -63,10 +64,11 @@ from torch.autograd.function import once_differentiable
 from perturb.backward import resolve_backward, solve_with_backward
 from perturb.structured.trees._graph_input import _prepare
 from perturb.structured.trees._elimination import (
+    ReducedState,
     elimination_marginals,
     elimination_marginals_vjp,
-    reduced_marginals,
-    reduced_marginals_vjp,
+    reduced_solve,
+    reduced_vjp,
 )
 
 __all__ = [
@@ -127,7 +129,7 @@ def _inner_nodes(shape: torch.Size, nodes: torch.Tensor | None, root: int,
 
 
 #: Largest tolerated error estimate of the marginals (see _lu_solve and
-#: _tree_elimination.reduced_log_partition).
+#: _elimination.reduced_log_partition).
 _ERROR_BUDGET = 1e-8
 
 #: Which algorithm produced a batch element (the ``path`` tensor of :func:`_solve`).
@@ -163,7 +165,8 @@ def _result_bad(mu: torch.Tensor, inner: torch.Tensor, n: int) -> torch.Tensor:
     1 within 1e-9/n, entries in [0, 1]); written as ``~(x <= bound)`` so NaN fails too."""
     tol = _check_tolerance(n)
     col_err = torch.where(inner, (mu.sum(dim=-2) - 1).abs(), 0.0).amax(dim=-1)
-    lo, hi = mu.flatten(-2).aminmax(dim=-1)
+    # amin and amax propagate NaN; on CPU the two are ~10x faster than one aminmax
+    lo, hi = mu.amin(dim=(-2, -1)), mu.amax(dim=(-2, -1))
     return ~(col_err <= tol) | ~(lo >= -tol) | ~(hi <= 1 + tol)
 
 
@@ -226,21 +229,32 @@ def _lu_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, 
 def _solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, root: int,
            need_logz: bool = True):
     """(μ, log Z, P, G, path): the fast path, with the elements that fail its check recomputed
-    by the cycle reduction of :mod:`._tree_elimination` (exact: one LU of the well-conditioned
-    part, log-space elimination of one node per cycle of best parents) and, where that fails
-    its own check too, by the full log-space elimination (exact at any scale, slower).
+    by the cycle reduction of :mod:`._elimination` (exact: one LU of the well-conditioned
+    part, the reduced graph on one node per cycle of best parents summed in log space) and,
+    where that fails its own check too, by the full log-space elimination (exact at any
+    scale, slower).
 
     ``path`` ``(*batch)`` int8: ``PATH_LU``, ``PATH_REDUCED`` or ``PATH_ELIMINATION``. All
-    fallbacks are batched over the failing elements; host reads: one per tier that runs.
+    fallbacks are batched over the failing elements; host reads: one per tier that runs, and
+    one in the reduction (its size m).
     """
+    return _solve_full(s, valid, nodes, root, need_logz)[:5]
+
+
+def _solve_full(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, root: int,
+                need_logz: bool = True):
+    """:func:`_solve` plus the cycle reduction's state for :func:`_backward_with_fallback`
+    (a :class:`ReducedState` for the elements with ``path != PATH_LU``, in batch order; None
+    when no element failed)."""
     mu, logz, P, G, bad = _lu_solve(s, valid, nodes, root, need_logz)
     path = bad.to(torch.int8)
+    state = None
     if bool(bad.any()):
         n = s.shape[-1]
         x = s.detach().to(mu.dtype)[bad]
         v = valid.expand(s.shape)[bad]
         sub_nodes = None if nodes is None else nodes.expand(s.shape[:-1])[bad]
-        mu_b, logz_b, est = reduced_marginals(x, v, sub_nodes, root)
+        mu_b, logz_b, est, state = reduced_solve(x, v, sub_nodes, root, P[bad], need_logz)
         inner = _inner_nodes(mu_b.shape, sub_nodes, root, mu_b.device)
         fail = ~(est <= _ERROR_BUDGET) | ~torch.isfinite(logz_b) | _result_bad(mu_b, inner, n)
         if bool(fail.any()):
@@ -248,12 +262,10 @@ def _solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, roo
                 x[fail], v[fail], None if sub_nodes is None else sub_nodes[fail], root)
             mu_b[fail] = mu_e
             logz_b[fail] = logz_e
-        mu = mu.clone()
-        logz = logz.clone()
-        mu[bad] = mu_b
+        mu[bad] = mu_b          # mu and logz are fresh tensors of _lu_solve
         logz[bad] = logz_b
         path[bad] = (fail.to(torch.int8) + PATH_REDUCED)
-    return mu, logz, P, G, path
+    return mu, logz, P, G, path, state
 
 
 def _marginals_backward(P: torch.Tensor, G: torch.Tensor, grad: torch.Tensor,
@@ -279,15 +291,23 @@ def _marginals_backward(P: torch.Tensor, G: torch.Tensor, grad: torch.Tensor,
     return out.mul_(P).addcmul_(grad, mu)
 
 
-def _backward_with_fallback(s, valid, nodes, root, P, G, path, grad, mu=None):
+def _backward_with_fallback(s, valid, nodes, root, P, G, path, grad, mu=None,
+                            state: ReducedState | None = None):
+    """The vector–Jacobian product of :func:`_solve_full`'s μ: :func:`_marginals_backward` for
+    the LU elements, the analytic Hessian–vector product :func:`reduced_vjp` of the cycle
+    reduction (from its saved ``state``; no second differentiation) for the others, and for
+    the last tier the double backward through the log-space elimination. One host read when
+    some element left the LU path."""
     out = _marginals_backward(P, G, grad, mu)
-    for which, vjp in ((PATH_REDUCED, reduced_marginals_vjp),
-                       (PATH_ELIMINATION, elimination_marginals_vjp)):
-        sel = path == which
-        if bool(sel.any()):
-            sub_nodes = None if nodes is None else nodes.expand(s.shape[:-1])[sel]
-            out[sel] = vjp(s.to(out.dtype)[sel], valid.expand(s.shape)[sel], sub_nodes, root,
-                           grad.expand(s.shape)[sel])
+    if state is None:   # every element took the LU path
+        return out
+    bad = path != PATH_LU
+    out[bad] = reduced_vjp(state, grad.expand(s.shape)[bad]).to(out.dtype)
+    sel = path == PATH_ELIMINATION
+    if bool(sel.any()):
+        sub_nodes = None if nodes is None else nodes.expand(s.shape[:-1])[sel]
+        out[sel] = elimination_marginals_vjp(s.to(out.dtype)[sel], valid.expand(s.shape)[sel],
+                                             sub_nodes, root, grad.expand(s.shape)[sel])
     return out
 
 
@@ -295,23 +315,29 @@ class _TreeMarginals(torch.autograd.Function):
     r"""μ = ∇_s log Z(s) for arborescences rooted at ``root`` (module docstring).
 
     forward: μ_ij = P_ij (G_jj − G_ji), G = (I − P̂)⁻¹, P the column softmax of s; the elements
-    failing the a-posteriori check are recomputed by log-space elimination.
+    failing the a-posteriori check are recomputed by the cycle reduction (or the log-space
+    elimination).
     backward: ∂ℓ/∂s_ij = P_ij [ḡ_ij (G_jj − G_ji) − N_jj + N_ij], N = Gᵀ(diag(1ᵀK) − Kᵀ)Gᵀ,
-    K = ḡ ⊙ P (:func:`_marginals_backward`); for the recomputed elements a Hessian–vector
-    product through the elimination. Once differentiable (use ``backward="unroll"`` for higher
-    derivatives of the marginals; log Z is twice differentiable through this Function).
+    K = ḡ ⊙ P (:func:`_marginals_backward`); for the recomputed elements the analytic
+    Hessian–vector product of the cycle reduction (:func:`reduced_vjp`, from the state the
+    forward kept) or a double backward through the elimination. Once differentiable (use
+    ``backward="unroll"`` for higher derivatives of the marginals; log Z is twice
+    differentiable through this Function).
     """
 
     @staticmethod
     def forward(s, valid, nodes, root):
-        mu, _, P, G, path = _solve(s, valid, nodes, root, need_logz=False)
-        return mu.to(s.dtype), P, G, path
+        mu, _, P, G, path, state = _solve_full(s, valid, nodes, root, need_logz=False)
+        return mu.to(s.dtype), P, G, path, state
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         s, valid, nodes, root = inputs
-        mu, P, G, path = output
+        mu, P, G, path, state = output
         ctx.mark_non_differentiable(P, G, path)
+        # the cycle reduction's intermediate results (no autograd history; not outputs of
+        # the graph) for its analytic Hessian–vector product
+        ctx.reduced_state = state
         ctx.root = root
         ctx.has_nodes = nodes is not None
         # μ in the compute dtype is reused by the backward (bad elements are recomputed there)
@@ -321,13 +347,14 @@ class _TreeMarginals(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_mu, _gP, _gG, _gpath):
+    def backward(ctx, grad_mu, _gP, _gG, _gpath, _gstate=None):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None
         s, valid, nodes, P, G, path, mu = ctx.saved_tensors
         nodes = nodes if ctx.has_nodes else None
         mu = mu if ctx.mu_is_exact else None
-        out = _backward_with_fallback(s, valid, nodes, ctx.root, P, G, path, grad_mu, mu)
+        out = _backward_with_fallback(s, valid, nodes, ctx.root, P, G, path, grad_mu, mu,
+                                      ctx.reduced_state)
         return out.to(s.dtype), None, None, None
 
 
