@@ -100,7 +100,7 @@ def train_one(name, noise, hard, seed, data, args, device, bar):
             opt.zero_grad()
             (-obj).backward()
             opt.step()
-            total += float(obj) * len(xb)
+            total += float(obj.detach()) * len(xb)
             step += 1
         hist["epoch"].append(epoch)
         hist["relaxed"].append(total / len(x_tr))
