@@ -14,7 +14,7 @@ Part 2 (``--part discrete``): the same sources, observed through the perturbatio
 
 whose T → 0 limit is the binary x = 1[f(s) + ε > 0] (P(x = 1) = σ(f) for logistic noise, Φ(f)
 for normal noise). An iVAE with the matching perturbed likelihood
-(``IVAE(likelihood="perturbed", noise=..., temperature=T)``) is trained for each T and noise;
+(``IVAE(likelihood="perturbed", noise=..., tau=T)``) is trained for each T and noise;
 MCC is reported as T decreases to 0.
 
 Run ``python examples/ivae.py --help``; ``--quick`` is a < 60 s version.
@@ -175,7 +175,7 @@ def run_discrete(args, device, out: pathlib.Path) -> dict:
                 torch.manual_seed(seed)
                 model = IVAE(args.d_obs, args.n_sources, args.n_segments, args.hidden,
                              conditional_prior=cond, likelihood="perturbed", noise=noise,
-                             temperature=temp).to(device)
+                             tau=temp).to(device)
                 _, m = train(model, x, u, s, args.epochs_discrete, args, seed, bar)
                 res[(nname, temp, cond)].append(m[-1])
                 bar.set_postfix_str(f"{'iVAE' if cond else 'VAE'} {nname} T={temp} seed {seed} "
@@ -186,7 +186,7 @@ def run_discrete(args, device, out: pathlib.Path) -> dict:
         f"{args.n_per_segment_discrete} points per segment, {args.epochs_discrete} epochs, seeds "
         f"{seeds}, total time {elapsed:.0f} s. Logits f(s) rescaled to std {args.logit_scale}. "
         "Data generated and modelled with the same noise "
-        "(IVAE(likelihood='perturbed', noise=..., temperature=T)); T = 0 is the binary limit "
+        "(IVAE(likelihood='perturbed', noise=..., tau=T)); T = 0 is the binary limit "
         "x = 1[f(s) + ε > 0].", "",
         md_table(["T", *(f"iVAE, {n} noise" for n in NOISES), *(f"VAE, {n} noise" for n in NOISES)],
                  [(f"{temp:g}", *(mean_std(res[(n, temp, True)]) for n in NOISES),
