@@ -45,7 +45,14 @@ __all__ = ["parser", "session", "progress", "mean_std", "md_table", "save_plot",
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter,
                      argparse.ArgumentDefaultsHelpFormatter):
-    """The docstring as written, and every flag's default in its help line."""
+    """The docstring as written, and a flag's default in its help line (unless the help already
+    speaks of its default, or the default is None or False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default is None or action.default is False:
+            return text
+        return super()._get_help_string(action)
 
 
 def parser(doc: str | None, *, quick: str = "a short version (make demo)",
