@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import os
+import pathlib
 import statistics
 import sys
 import time
@@ -30,6 +30,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from _common import command_line, mean_std, md_table, parser, save_plot, session  # noqa: E402
+from _common import write_results  # noqa: E402
 
 from perturb.boxes.hierarchy import (  # noqa: E402
     all_pairs_f1,
@@ -50,16 +53,11 @@ from perturb.boxes.losses import PairSet, sample_negatives  # noqa: E402
 METHODS = ("gumbel", "soft", "hard")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--seed", type=int, default=0, help="first seed")
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = parser(__doc__.split("\n\n")[0], quick="63-node tree, d=2/4, 1 seed", out="results/")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds per configuration")
-    p.add_argument("--device", default="cpu")
     p.add_argument("--epochs", type=int, default=None,
                    help="epochs at --lr per run (default 20; --quick 40)")
-    p.add_argument("--out", default="results/")
-    p.add_argument("--quick", action="store_true", help="< 60 s: 63-node tree, d=2/4, 1 seed")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--dims", nargs="+", type=int, default=None, help="default 8 4 (quick: 4 2)")
     p.add_argument("--height", type=int, default=None, help="tree height (default 9; quick 5)")
@@ -111,16 +109,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="seeds for the full noun hierarchy (default: --seeds)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (per process with --world-size)")
-    p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
-
-
-def mean_std(xs: list[float]) -> str:
-    if not xs:
-        return "-"
-    if len(xs) == 1:
-        return f"{xs[0]:.4f}"
-    return f"{statistics.mean(xs):.4f} ± {statistics.stdev(xs):.4f}"
 
 
 def train_phased(graph, dim, method, args, epochs, negatives, seed, hp, eval_fn=None,
@@ -270,29 +259,21 @@ def run_dasgupta(name, graph, dim, args, epochs, negatives, log, world_size, see
 
 
 def table(rows: list[dict]) -> str:
-    keys = []
-    for r in rows:
-        k = (r["setting"], r["dim"], r["method"])
-        if k not in keys:
-            keys.append(k)
-    out = ["| setting | d | method | F1 (mean ± std) | precision | recall | stalled pairs "
-           "| zero-grad entries | epochs | seconds per run | seeds |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    keys = list(dict.fromkeys((r["setting"], r["dim"], r["method"]) for r in rows))
+    lines = []
     for k in keys:
         rs = [r for r in rows if (r["setting"], r["dim"], r["method"]) == k]
-        out.append(f"| {k[0]} | {k[1]} | {k[2]} | {mean_std([r['f1'] for r in rs])} | "
-                   f"{mean_std([r['precision'] for r in rs])} | "
-                   f"{mean_std([r['recall'] for r in rs])} | "
-                   f"{mean_std([r['stalled'] for r in rs])} | "
-                   f"{mean_std([r['zero_grad'] for r in rs])} | {rs[0].get('epochs', '-')} | "
-                   f"{statistics.mean(r['seconds'] for r in rs):.0f} | {len(rs)} |")
-    return "\n".join(out)
+        lines.append((*k, *(mean_std([r[c] for r in rs], 4)
+                            for c in ("f1", "precision", "recall", "stalled", "zero_grad")),
+                      rs[0].get("epochs", "-"), f"{statistics.mean(r['seconds'] for r in rs):.0f}",
+                      len(rs)))
+    return md_table(["setting", "d", "method", "F1 (mean ± std)", "precision", "recall",
+                     "stalled pairs", "zero-grad entries", "epochs", "seconds per run", "seeds"],
+                    lines)
 
 
-def plot_curves(rows: list[dict], path_f1: str, path_zero: str, path_stalled: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_curves(rows: list[dict], path_f1: pathlib.Path, path_zero: pathlib.Path,
+                path_stalled: pathlib.Path) -> None:
     recon = [r for r in rows if r["f1_curve"]]
     groups = sorted({(r["setting"], r["dim"]) for r in recon})
     colors = {"gumbel": "tab:blue", "soft": "tab:orange", "hard": "tab:red"}
@@ -301,34 +282,38 @@ def plot_curves(rows: list[dict], path_f1: str, path_zero: str, path_stalled: st
                "stalled_curve": "stalled / violated pairs"}
     for path, key in ((path_f1, "f1_curve"), (path_zero, "zero_grad_curve"),
                       (path_stalled, "stalled_curve")):
-        fig, axes = plt.subplots(1, max(1, len(groups)), figsize=(4.5 * max(1, len(groups)), 3.5),
-                                 squeeze=False)
-        for ax, (setting, dim) in zip(axes[0], groups):
-            for r in recon:
-                if (r["setting"], r["dim"]) != (setting, dim):
-                    continue
-                if key == "f1_curve":
-                    xs, ys = zip(*r[key])
-                else:
-                    xs, ys = range(1, len(r[key]) + 1), r[key]
-                ax.plot(xs, ys, color=colors[r["method"]], alpha=0.8,
-                        label=r["method"] if r["seed"] == rows[0]["seed"] else None)
-            ax.set_title(f"{setting.split('/')[1]}, d={dim}", fontsize=9)
-            ax.set_xlabel("epoch")
-            ax.set_ylabel(ylabels[key])
-            ax.set_ylim(-0.02, 1.02)
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+        def draw(plt, key=key):
+            n_groups = max(1, len(groups))
+            fig, axes = plt.subplots(1, n_groups, figsize=(4.5 * n_groups, 3.5), squeeze=False)
+            for ax, (setting, dim) in zip(axes[0], groups):
+                for r in recon:
+                    if (r["setting"], r["dim"]) != (setting, dim):
+                        continue
+                    if key == "f1_curve":
+                        xs, ys = zip(*r[key])
+                    else:
+                        xs, ys = range(1, len(r[key]) + 1), r[key]
+                    ax.plot(xs, ys, color=colors[r["method"]], alpha=0.8,
+                            label=r["method"] if r["seed"] == rows[0]["seed"] else None)
+                ax.set_title(f"{setting.split('/')[1]}, d={dim}", fontsize=9)
+                ax.set_xlabel("epoch")
+                ax.set_ylabel(ylabels[key])
+                ax.set_ylim(-0.02, 1.02)
+                ax.legend(fontsize=8)
+            return fig
+
+        save_plot(path, draw)
 
 
-def plot_boxes_2d(args, path: str) -> None:
-    """Learned 2-D Gumbel boxes (corner locations) of a 15-node binary tree, coloured by depth."""
-    import matplotlib
-    matplotlib.use("Agg")
+def plot_boxes_2d(args, path: pathlib.Path) -> None:
+    """Learned 2-D Gumbel boxes (corner locations) of a 15-node binary tree, coloured by depth
+    (trained only when matplotlib is there to draw them)."""
+    save_plot(path, lambda plt: _draw_boxes_2d(plt, args))
+
+
+def _draw_boxes_2d(plt, args):
     import matplotlib.patches as patches
-    import matplotlib.pyplot as plt
+
     g = balanced_tree(2, 3)
     res = train_hierarchy(g, 2, "gumbel", beta=args.beta, volume_beta=args.volume_beta,
                           epochs=100, lr=0.05, batch_size=64, negatives_per_positive=16,
@@ -349,15 +334,16 @@ def plot_boxes_2d(args, path: str) -> None:
     ax.set_title(f"Gumbel boxes (β={args.beta}, volume β={args.volume_beta}) of a 15-node "
                  f"binary tree\nF1={f1:.3f}; colour = depth; node i's parent is (i-1)//2",
                  fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    with session(args) as out:
+        return _run(args, out, command_line("box_hierarchy.py", argv))
+
+
+def _run(args, out, cmd: str) -> dict:
     if args.quick:
         args.seeds = 1
     dims = args.dims or ([4, 2] if args.quick else [8, 4])
@@ -367,7 +353,6 @@ def main(argv=None) -> None:
     args.batch_size = args.batch_size or (64 if args.quick else 256)
     if args.decay_epochs is None:
         args.decay_epochs = 0 if args.quick else 5
-    os.makedirs(args.out, exist_ok=True)
     lines: list[str] = []
 
     def log(msg: str) -> None:
@@ -405,11 +390,10 @@ def main(argv=None) -> None:
                                        seeds=args.full_seeds)
     elif not args.quick and not args.no_wordnet:
         log(f"WordNet not found in {wordnet_dir()}: skipping the mammal settings")
-    plot_curves(rows, os.path.join(args.out, "f1_curves.png"),
-                os.path.join(args.out, "zero_grad.png"), os.path.join(args.out, "stalled.png"))
-    plot_boxes_2d(args, os.path.join(args.out, "boxes_2d.png"))
+    plot_curves(rows, out / "f1_curves.png", out / "zero_grad.png", out / "stalled.png")
+    plot_boxes_2d(args, out / "boxes_2d.png")
     md = ["# Box embeddings of hierarchies: hard vs soft vs Gumbel", "",
-          f"Command: `{' '.join(sys.argv)}`; total {time.perf_counter() - t_start:.0f} s.", "",
+          f"Command: `{cmd}`; total {time.perf_counter() - t_start:.0f} s.", "",
           "F1 over all ordered pairs at the best threshold (reconstruction), or on held-out "
           "closure pairs with the validation threshold (generalisation). stalled pairs: mean "
           "over epochs of the fraction of violated pairs (positives with P < 1/2, negatives "
@@ -417,13 +401,11 @@ def main(argv=None) -> None:
           "mean over steps of the fraction of gradient entries of the boxes in the batch that "
           "are exactly zero (|g| <= 1e-12).", "", table(rows), "", "## Log", "", "```",
           *lines, "```", ""]
-    with open(os.path.join(args.out, "results.md"), "w") as fh:
-        fh.write("\n".join(md))
-    with open(os.path.join(args.out, "results.json"), "w") as fh:
-        json.dump(rows, fh, indent=1)
+    write_results(out, "results", "\n".join(md), rows)
     print(table(rows))
-    print(f"wrote {args.out}/results.md, f1_curves.png, zero_grad.png, stalled.png, "
+    print(f"wrote {out}/results.md, results.json, f1_curves.png, zero_grad.png, stalled.png, "
           f"boxes_2d.png")
+    return {"rows": rows}
 
 
 if __name__ == "__main__":

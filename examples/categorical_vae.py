@@ -25,22 +25,16 @@ Run ``python examples/categorical_vae.py --help``; ``--quick`` is a < 60 s versi
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import pathlib
-import sys
 import time
 
-import matplotlib
+import torch
+from _common import command_line, generator, md_table, mean_std, minibatches, parser, progress
+from _common import save_plot, session, write_results
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from perturb import Gumbel, Normal  # noqa: E402
-from perturb.latent import CategoricalVAE, binarized_digits  # noqa: E402
-from perturb.nn import ExponentialSchedule, LinearSchedule  # noqa: E402
+from perturb import Gumbel, Normal
+from perturb.latent import CategoricalVAE, binarized_digits
+from perturb.nn import ExponentialSchedule, LinearSchedule
 
 VARIANTS = [  # name, noise, hard
     ("Gumbel-softmax", Gumbel(), False),
@@ -50,12 +44,9 @@ VARIANTS = [  # name, noise, hard
 ]
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--seed", type=int, default=0, help="base seed (seeds are seed, seed+1, ...)")
-    p.add_argument("--n-seeds", type=int, default=3)
-    p.add_argument("--device", default="cpu")
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = parser(__doc__.split("\n\n")[0], quick="a < 60 s version (make demo)", threads=1)
+    p.add_argument("--n-seeds", type=int, default=3, help="seeds are --seed, --seed + 1, ...")
     p.add_argument("--epochs", type=int, default=60)
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -70,10 +61,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-samples", type=int, default=100,
                    help="exact samples per test example for the final ELBO")
     p.add_argument("--iw-samples", type=int, default=1000, help="samples of the IW bound")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (1 is fastest on a shared machine)")
-    p.add_argument("--out", default="results", help="output directory")
-    p.add_argument("--quick", action="store_true", help="a < 60 s version (make demo)")
     args = p.parse_args(argv)
     if args.quick:
         args.epochs, args.n_seeds, args.iw_samples, args.eval_samples = 3, 2, 100, 10
@@ -100,21 +87,20 @@ def train_one(name, noise, hard, seed, data, args, device, bar):
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     steps_per_epoch = math.ceil(len(x_tr) / args.batch_size)
     schedule = make_schedule(args, args.epochs * steps_per_epoch)
-    gen = torch.Generator(device=device).manual_seed(10_000 + seed)  # evaluation samples
-    shuffle = torch.Generator().manual_seed(seed)
+    gen = generator(10_000 + seed, device)  # evaluation samples
+    shuffle = generator(seed)
     hist = {"epoch": [], "relaxed": [], "test_epoch": [], "test_elbo": []}
     step, t0 = 0, time.perf_counter()
     for epoch in range(1, args.epochs + 1):
-        perm = torch.randperm(len(x_tr), generator=shuffle).to(device)
         total = 0.0
-        for i in range(0, len(x_tr), args.batch_size):
+        for idx in minibatches(len(x_tr), args.batch_size, shuffle, device):
             model.relaxation.tau = schedule(step)
-            xb = x_tr[perm[i:i + args.batch_size]]
+            xb = x_tr[idx]
             obj = model(xb).mean()
             opt.zero_grad()
             (-obj).backward()
             opt.step()
-            total += float(obj) * len(xb)
+            total += float(obj.detach()) * len(xb)
             step += 1
         hist["epoch"].append(epoch)
         hist["relaxed"].append(total / len(x_tr))
@@ -135,41 +121,32 @@ def train_one(name, noise, hard, seed, data, args, device, bar):
     return hist, final
 
 
-def mean_std(values) -> tuple[float, float]:
-    t = torch.tensor(values, dtype=torch.float64)
-    return float(t.mean()), float(t.std()) if len(t) > 1 else 0.0
-
-
-def fmt(values, digits: int = 2) -> str:
-    m, s = mean_std(values)
-    return f"{m:.{digits}f} ± {s:.{digits}f}"
-
-
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    with session(args) as out:
+        return _run(args, out, command_line("categorical_vae.py", argv))
+
+
+def _run(args, out, cmd: str) -> dict:
     device = torch.device(args.device)
-    x_tr, _, x_te, _ = binarized_digits(generator=torch.Generator().manual_seed(0))
+    x_tr, _, x_te, _ = binarized_digits(generator=generator(0))
     data = (x_tr.to(device), x_te.to(device))
     seeds = [args.seed + i for i in range(args.n_seeds)]
     results = {name: [] for name, *_ in VARIANTS}
     t_start = time.perf_counter()
-    with tqdm(total=len(seeds) * len(VARIANTS) * args.epochs, desc="categorical VAE",
-              unit="epoch") as bar:
+    with progress(total=len(seeds) * len(VARIANTS) * args.epochs, desc="categorical VAE",
+                  unit="epoch", disable=args.no_progress) as bar:
         for seed in seeds:
             for name, noise, hard in VARIANTS:
                 results[name].append(train_one(name, noise, hard, seed, data, args, device, bar))
     elapsed = time.perf_counter() - t_start
 
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     q = max(1, args.epochs // 2)  # mid-training: a measure of convergence speed
     early = [i for i, e in enumerate(results[VARIANTS[0][0]][0][0]["test_epoch"]) if e >= q][0]
     early_epoch = results[VARIANTS[0][0]][0][0]["test_epoch"][early]
-    cmd = "python examples/categorical_vae.py " + " ".join(sys.argv[1:] if argv is None else argv)
     lines = [
         "# Categorical VAE: Gumbel-softmax vs Gaussian-softmax", "",
-        f"Command: `{cmd.strip()}`", "",
+        f"Command: `{cmd}`", "",
         f"N = {args.n_latents} latents × K = {args.n_categories} categories, MLP {args.hidden}-"
         f"{args.hidden}, binarised sklearn digits ({len(x_tr)} train / {len(x_te)} test), "
         f"Adam lr {args.lr}, batch {args.batch_size}, {args.epochs} epochs, τ {args.tau0} → "
@@ -179,59 +156,60 @@ def main(argv=None) -> None:
         f"with S = {args.iw_samples}. 'Relaxed objective' is the training objective at the "
         f"final temperature (not a bound for the relaxed variants). Total time "
         f"{elapsed:.0f} s.", "",
-        f"| relaxation | train ELBO | test ELBO | test IW-ELBO (S={args.iw_samples}) | "
-        f"test ELBO at epoch {early_epoch} | relaxed objective (last epoch) | s / epoch |",
-        "|---|---|---|---|---|---|---|",
+        md_table(["relaxation", "train ELBO", "test ELBO", f"test IW-ELBO (S={args.iw_samples})",
+                  f"test ELBO at epoch {early_epoch}", "relaxed objective (last epoch)",
+                  "s / epoch"],
+                 [(name, *(mean_std([f[key] for _, f in results[name]], 2)
+                           for key in ("train_elbo", "test_elbo", "test_iw")),
+                   mean_std([h["test_elbo"][early] for h, _ in results[name]], 2),
+                   mean_std([h["relaxed"][-1] for h, _ in results[name]], 2),
+                   mean_std([f["time_per_epoch"] for _, f in results[name]], 2))
+                  for name, *_ in VARIANTS]),
     ]
-    for name, *_ in VARIANTS:
-        runs = results[name]
-        lines.append(
-            f"| {name} | {fmt([f['train_elbo'] for _, f in runs])} "
-            f"| {fmt([f['test_elbo'] for _, f in runs])} "
-            f"| {fmt([f['test_iw'] for _, f in runs])} "
-            f"| {fmt([h['test_elbo'][early] for h, _ in runs])} "
-            f"| {fmt([h['relaxed'][-1] for h, _ in runs])} "
-            f"| {fmt([f['time_per_epoch'] for _, f in runs], 2)} |")
     # paired differences (same seed, same initial weights)
     lines += ["", "Paired difference Gaussian − Gumbel (same seed and initial weights; > 0 means "
-              "Gaussian is better):", "",
-              "| pair | test ELBO | test IW-ELBO | test ELBO at epoch " f"{early_epoch} |",
-              "|---|---|---|---|"]
+              "Gaussian is better):", ""]
+    rows = []
     for a, b in (("Gaussian-softmax", "Gumbel-softmax"), ("ST Gaussian", "ST Gumbel")):
         pairs = list(zip(results[a], results[b]))
-        lines.append(
-            f"| {a} − {b} "
-            f"| {fmt([x[1]['test_elbo'] - y[1]['test_elbo'] for x, y in pairs])} "
-            f"| {fmt([x[1]['test_iw'] - y[1]['test_iw'] for x, y in pairs])} "
-            f"| {fmt([x[0]['test_elbo'][early] - y[0]['test_elbo'][early] for x, y in pairs])} |")
+        rows.append((f"{a} − {b}",
+                     mean_std([x[1]["test_elbo"] - y[1]["test_elbo"] for x, y in pairs], 2),
+                     mean_std([x[1]["test_iw"] - y[1]["test_iw"] for x, y in pairs], 2),
+                     mean_std([x[0]["test_elbo"][early] - y[0]["test_elbo"][early]
+                               for x, y in pairs], 2)))
+    lines.append(md_table(["pair", "test ELBO", "test IW-ELBO",
+                           f"test ELBO at epoch {early_epoch}"], rows))
     table = "\n".join(lines) + "\n"
-    (out / "categorical_vae.md").write_text(table)
-    (out / "categorical_vae.json").write_text(json.dumps(
-        {"args": vars(args), "seeds": seeds,
-         "runs": {name: [{"history": h, "final": f} for h, f in runs]
-                  for name, runs in results.items()}}, indent=1))
+    summary = {"args": vars(args), "seeds": seeds,
+               "runs": {name: [{"history": h, "final": f} for h, f in runs]
+                        for name, runs in results.items()}}
+    write_results(out, "categorical_vae", table, summary)
     print(table)
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-    for (name, _, hard), color in zip(VARIANTS, ("C0", "C3", "C0", "C3")):
-        ls = "--" if hard else "-"
-        for ax, xkey, ykey in ((axes[0], "epoch", "relaxed"), (axes[1], "test_epoch", "test_elbo")):
-            xs = results[name][0][0][xkey]
-            ys = torch.tensor([h[ykey] for h, _ in results[name]], dtype=torch.float64)
-            m, s = ys.mean(0), ys.std(0) if len(ys) > 1 else torch.zeros(ys.shape[1])
-            ax.plot(xs, m, ls=ls, color=color, label=name)
-            ax.fill_between(xs, m - s, m + s, color=color, alpha=0.15)
-    axes[0].set_title("training objective (relaxed ELBO, annealed τ)")
-    axes[1].set_title("test ELBO (exact categorical, 1 sample)")
-    for ax in axes:
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("nats / image")
-        ax.legend(fontsize=8)
-        ax.set_ylim(bottom=max(ax.get_ylim()[0], -60))
-    fig.suptitle(f"Categorical VAE on binarised digits, mean ± std over {len(seeds)} seeds")
-    fig.tight_layout()
-    fig.savefig(out / "categorical_vae.png", dpi=120)
-    print(f"wrote {out / 'categorical_vae.md'} and {out / 'categorical_vae.png'}")
+    def draw(plt):
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+        for (name, _, hard), color in zip(VARIANTS, ("C0", "C3", "C0", "C3")):
+            ls = "--" if hard else "-"
+            for ax, xkey, ykey in ((axes[0], "epoch", "relaxed"),
+                                   (axes[1], "test_epoch", "test_elbo")):
+                xs = results[name][0][0][xkey]
+                ys = torch.tensor([h[ykey] for h, _ in results[name]], dtype=torch.float64)
+                m, s = ys.mean(0), ys.std(0) if len(ys) > 1 else torch.zeros(ys.shape[1])
+                ax.plot(xs, m, ls=ls, color=color, label=name)
+                ax.fill_between(xs, m - s, m + s, color=color, alpha=0.15)
+        axes[0].set_title("training objective (relaxed ELBO, annealed τ)")
+        axes[1].set_title("test ELBO (exact categorical, 1 sample)")
+        for ax in axes:
+            ax.set_xlabel("epoch")
+            ax.set_ylabel("nats / image")
+            ax.legend(fontsize=8)
+            ax.set_ylim(bottom=max(ax.get_ylim()[0], -60))
+        fig.suptitle(f"Categorical VAE on binarised digits, mean ± std over {len(seeds)} seeds")
+        return fig
+
+    save_plot(out / "categorical_vae.png", draw)
+    print(f"wrote {out / 'categorical_vae.md'}, .json and .png")
+    return summary
 
 
 if __name__ == "__main__":

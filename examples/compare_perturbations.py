@@ -27,12 +27,12 @@ Run: ``python examples/compare_perturbations.py --out results`` (a few minutes o
 """
 from __future__ import annotations
 
-import argparse
 import math
-import os
 import time
 
 import torch
+from _common import generator, md_table, mean_std, parser, progress, save_plot, session
+from _common import write_results
 
 from perturb.checks import identify
 from perturb.noise import Gumbel, Normal
@@ -67,7 +67,7 @@ def fit(p: torch.Tensor, noise, epochs: int, samples: int, lr: float, seeds: lis
     log_p = torch.log(p).to(device=device, dtype=torch.float32)
     theta = torch.full((len(seeds), k), math.log(1.0 / k), device=device, requires_grad=True)
     opt = torch.optim.Adam([theta], lr=lr)
-    gens = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+    gens = [generator(s, device) for s in seeds]
     curves = torch.zeros(len(seeds), epochs)
     for step in range(epochs):
         eps = torch.stack([noise.sample((samples, k), generator=g, device=device,
@@ -90,34 +90,34 @@ def qmc_kl(theta: torch.Tensor, p: torch.Tensor, noise, seed: int, n: int = 2 **
     return float(kl_model_to_target(q, torch.log(p)))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seed", type=int, default=0, help="base seed (runs use seed, seed+1, ...)")
-    ap.add_argument("--device", default="cpu", help="torch device for the fits (default cpu)")
-    ap.add_argument("--epochs", type=int, default=None,
-                    help="Adam steps per fit (default 1000; 100 with --quick)")
-    ap.add_argument("--seeds", type=int, default=None,
-                    help="repeated fits per (target, noise) (default 5; 2 with --quick)")
-    ap.add_argument("--samples", type=int, default=1000, help="noise draws per step (S)")
-    ap.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate")
-    ap.add_argument("--out", default="results", help="output directory (PNG + markdown)")
-    ap.add_argument("--quick", action="store_true", help="a < 60 s version")
-    args = ap.parse_args()
+def main(argv: list[str] | None = None) -> dict:
+    p = parser(__doc__.split("\n\n")[0], quick="a < 60 s version")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="Adam steps per fit (default 1000; 100 with --quick)")
+    p.add_argument("--seeds", type=int, default=None,
+                   help="repeated fits per (target, noise), seeds --seed, --seed + 1, ... "
+                        "(default 5; 2 with --quick)")
+    p.add_argument("--samples", type=int, default=1000, help="noise draws per step (S)")
+    p.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate")
+    args = p.parse_args(argv)
+    with session(args) as out:
+        return _run(args, out)
+
+
+def _run(args, out) -> dict:
     epochs = args.epochs or (100 if args.quick else 1000)
     n_seeds = args.seeds or (2 if args.quick else 5)
     device = torch.device(args.device)
-    os.makedirs(args.out, exist_ok=True)
-    from tqdm import tqdm
 
     noises = {"Normal-Softmax": Normal(), "Gumbel-Softmax": Gumbel()}
     tg = targets()
-    curves: dict[tuple[str, str], list[list[float]]] = {}
+    curves: dict[tuple[str, str], torch.Tensor] = {}
     finals: dict[tuple[str, str], dict[str, list[float]]] = {}
     t0 = time.time()
     seeds = [args.seed + s for s in range(n_seeds)]
     n_eval = 2 ** 12 if args.quick else 2 ** 16
-    for tname, nname in tqdm([(t, n) for t in tg for n in noises], desc="fits"):
+    for tname, nname in progress([(t, n) for t in tg for n in noises], desc="fits",
+                                 disable=args.no_progress):
         theta, curve = fit(tg[tname], noises[nname], epochs, args.samples, args.lr, seeds, device)
         curves[(tname, nname)] = curve
         finals[(tname, nname)] = {
@@ -129,10 +129,10 @@ def main() -> None:
     # exact parameters (identify): Perturb-Argmax (τ → 0 limit, exact quadrature) and
     # Perturb-Softmax at τ = 0.1 (randomized QMC)
     ident = {}
-    g = torch.Generator().manual_seed(args.seed)
+    g = generator(args.seed)
     n_qmc = 2 ** 8 if args.quick else 2 ** 11
     jobs = [(t, n, kind) for t in tg for n in noises for kind in ("argmax", "softmax")]
-    for tname, nname, kind in tqdm(jobs, desc="identify"):
+    for tname, nname, kind in progress(jobs, desc="identify", disable=args.no_progress):
         res = identify(tg[tname], noises[nname], kind=kind, tau=TAU, n_samples=n_qmc, n_reps=8,
                        max_iter=30 if args.quick else 60, generator=g)
         spread = float(res.theta.max() - res.theta.min())
@@ -142,28 +142,24 @@ def main() -> None:
                                        "min_steps": spread / (2 * args.lr)}
 
     # table
+    paper = {"Discrete (K=10)": "0.026 / 0.027", "Binomial(12, 0.3)": "0.036 / 0.177",
+             "Poisson(50), K=100": "0.090 / 0.618", "NegBinomial(50, 0.6), K=100": "0.083 / 0.417"}
+    rows = []
+    for tname in tg:
+        fn, fg = finals[(tname, "Normal-Softmax")], finals[(tname, "Gumbel-Softmax")]
+        ratio = (sum(fg["qmc"]) / len(fg["qmc"])) / max(sum(fn["qmc"]) / len(fn["qmc"]), 1e-300)
+        rows.append((tname, mean_std(fn["train"], 4), mean_std(fg["train"], 4),
+                     mean_std(fn["qmc"], 4), mean_std(fg["qmc"], 4), f"{ratio:.2f}x",
+                     paper[tname]))
     lines = [f"# Gumbel-Softmax vs Normal-Softmax (τ = {TAU}), {n_seeds} seeds × {epochs} Adam "
              f"steps (lr {args.lr:g}, S = {args.samples} draws/step)", "",
              "Objective: KL(q̂ ‖ p), q̂ = mean of softmax((θ+ε)/τ) over the S draws "
              "(the reference code's objective). 'train' = mean of the last 10 training "
              f"estimates; 'QMC' = the same KL re-estimated at the final θ with {n_eval} "
              "randomized QMC points (less noise, less small-sample bias). mean ± std over seeds.",
-             "", "| target | Normal-Softmax train | Gumbel-Softmax train | Normal-Softmax QMC "
-             "| Gumbel-Softmax QMC | Gumbel/Normal (QMC) | paper (Normal / Gumbel) |",
-             "|---|---|---|---|---|---|---|"]
-    paper = {"Discrete (K=10)": "0.026 / 0.027", "Binomial(12, 0.3)": "0.036 / 0.177",
-             "Poisson(50), K=100": "0.090 / 0.618", "NegBinomial(50, 0.6), K=100": "0.083 / 0.417"}
-
-    def ms(xs: list[float]) -> str:
-        t = torch.tensor(xs)
-        sd = float(t.std()) if len(xs) > 1 else 0.0
-        return f"{float(t.mean()):.4f} ± {sd:.4f}"
-
-    for tname in tg:
-        fn, fg = finals[(tname, "Normal-Softmax")], finals[(tname, "Gumbel-Softmax")]
-        ratio = (sum(fg["qmc"]) / len(fg["qmc"])) / max(sum(fn["qmc"]) / len(fn["qmc"]), 1e-300)
-        lines.append(f"| {tname} | {ms(fn['train'])} | {ms(fg['train'])} | {ms(fn['qmc'])} | "
-                     f"{ms(fg['qmc'])} | {ratio:.2f}x | {paper[tname]} |")
+             "", md_table(["target", "Normal-Softmax train", "Gumbel-Softmax train",
+                           "Normal-Softmax QMC", "Gumbel-Softmax QMC", "Gumbel/Normal (QMC)",
+                           "paper (Normal / Gumbel)"], rows)]
     lines += ["", "Parameters each model needs, from `perturb.checks.identify` (θ_K = 0): the "
               "spread max θ* − min θ*, the residual max|∇F(θ*) − p| reached (standard error in "
               "brackets; 0 = exact quadrature), and the fewest Adam steps from the uniform "
@@ -172,42 +168,43 @@ def main() -> None:
               f"randomized QMC (8 x {n_qmc} points: outcome probabilities far below "
               f"1/{8 * n_qmc} are not resolved, so the softmax spread understates what the "
               "far tail needs).", "",
-              "| target | noise | model | spread of θ* | residual (s.e.) | converged "
-              "| ≥ Adam steps |", "|---|---|---|---|---|---|---|"]
-    for (tname, nname, kind), r in ident.items():
-        lines.append(f"| {tname} | {nname} | {kind} | {r['spread']:.2f} | {r['residual']:.2e} "
-                     f"({r['se']:.1e}) | {r['converged']} | {r['min_steps']:.0f} |")
+              md_table(["target", "noise", "model", "spread of θ*", "residual (s.e.)",
+                        "converged", "≥ Adam steps"],
+                       [(tname, nname, kind, f"{r['spread']:.2f}",
+                         f"{r['residual']:.2e} ({r['se']:.1e})", r["converged"],
+                         f"{r['min_steps']:.0f}") for (tname, nname, kind), r in ident.items()])]
     lines += ["", f"Fits took {fit_time:.0f} s on {torch.get_num_threads()} threads "
               f"(device {args.device})."]
     table = "\n".join(lines) + "\n"
-    with open(os.path.join(args.out, "compare_perturbations.md"), "w") as fh:
-        fh.write(table)
+    summary = {"epochs": epochs, "seeds": seeds,
+               "fits": {tname: {nname: finals[(tname, nname)] for nname in noises} for tname in tg},
+               "identify": {tname: {nname: {kind: ident[(tname, nname, kind)]
+                                            for kind in ("argmax", "softmax")}
+                                    for nname in noises} for tname in tg}}
+    write_results(out, "compare_perturbations", table, summary)
     print(table)
 
-    # plot
-    import matplotlib
+    def draw(plt):
+        fig, axes = plt.subplots(1, len(tg), figsize=(4.2 * len(tg), 3.4))
+        colors = {"Normal-Softmax": "tab:blue", "Gumbel-Softmax": "tab:red"}
+        for ax, tname in zip(axes, tg):
+            for nname in noises:
+                c = curves[(tname, nname)]
+                mean, sd = c.mean(0), c.std(0) if c.shape[0] > 1 else torch.zeros(c.shape[1])
+                x = torch.arange(1, c.shape[1] + 1)
+                ax.plot(x, mean, color=colors[nname], label=nname)
+                ax.fill_between(x, (mean - sd).clamp_min(1e-6), mean + sd, color=colors[nname],
+                                alpha=0.2)
+            ax.set_yscale("log")
+            ax.set_title(tname, fontsize=10)
+            ax.set_xlabel("Adam step")
+        axes[0].set_ylabel("KL(q̂ ‖ p)")
+        axes[0].legend()
+        return fig
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(tg), figsize=(4.2 * len(tg), 3.4))
-    colors = {"Normal-Softmax": "tab:blue", "Gumbel-Softmax": "tab:red"}
-    for ax, tname in zip(axes, tg):
-        for nname in noises:
-            c = curves[(tname, nname)]
-            mean, sd = c.mean(0), c.std(0) if c.shape[0] > 1 else torch.zeros(c.shape[1])
-            x = torch.arange(1, c.shape[1] + 1)
-            ax.plot(x, mean, color=colors[nname], label=nname)
-            ax.fill_between(x, (mean - sd).clamp_min(1e-6), mean + sd, color=colors[nname],
-                            alpha=0.2)
-        ax.set_yscale("log")
-        ax.set_title(tname, fontsize=10)
-        ax.set_xlabel("Adam step")
-    axes[0].set_ylabel("KL(q̂ ‖ p)")
-    axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "compare_perturbations.png"), dpi=120)
-    print(f"wrote {args.out}/compare_perturbations.md and .png")
+    save_plot(out / "compare_perturbations.png", draw)
+    print(f"wrote {out}/compare_perturbations.md, .json and .png")
+    return summary
 
 
 if __name__ == "__main__":

@@ -23,21 +23,15 @@ Run ``python examples/correlated_topk.py --help``; ``--quick`` is a < 60 s versi
 from __future__ import annotations
 
 import argparse
-import json
-import pathlib
-import sys
 import time
 
-import matplotlib
+import torch
+from _common import command_line, generator, md_table, mean_std, minibatches, parser, progress
+from _common import save_plot, session, write_results
+from torch import nn
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-import perturb  # noqa: E402
-from perturb.structured import (  # noqa: E402
+import perturb
+from perturb.structured import (
     CorrelatedKSubset,
     KSubset,
     correlated_topk_argmax,
@@ -53,12 +47,9 @@ METHODS = {
 }
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--seed", type=int, default=0, help="base seed (seeds are seed, seed+1, ...)")
-    p.add_argument("--n-seeds", type=int, default=5)
-    p.add_argument("--device", default="cpu")
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = parser(__doc__.split("\n\n")[0], quick="a < 60 s version (make demo)", threads=1)
+    p.add_argument("--n-seeds", type=int, default=5, help="seeds are --seed, --seed + 1, ...")
     p.add_argument("--d", type=int, default=40, help="number of features")
     p.add_argument("--k", type=int, default=5, help="span length = subset size")
     p.add_argument("--sigma", type=float, default=0.5, help="noise of the span features")
@@ -69,10 +60,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--tau", type=float, default=0.5, help="temperature of the relaxations")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (1 is fastest on a shared machine)")
-    p.add_argument("--out", default="results", help="output directory")
-    p.add_argument("--quick", action="store_true", help="a < 60 s version (make demo)")
     args = p.parse_args(argv)
     if args.quick:
         args.n_seeds, args.epochs, args.n_train, args.n_test, args.d = 2, 5, 1500, 1000, 24
@@ -135,14 +122,12 @@ def train_one(method: str, data, args, seed: int, device):
     d = x_tr.shape[1]
     selector, reg = Selector(args.hidden).to(device), regressor(d, args.hidden).to(device)
     opt = torch.optim.Adam([*selector.parameters(), *reg.parameters()], lr=args.lr)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    order = torch.Generator().manual_seed(seed)
+    gen = generator(seed, device)
+    order = generator(seed)
     history = []
     for _ in range(args.epochs):
-        perm = torch.randperm(len(x_tr), generator=order).to(device)
         total = torch.zeros((), device=device)
-        for i in range(0, len(x_tr), args.batch_size):
-            idx = perm[i:i + args.batch_size]
+        for idx in minibatches(len(x_tr), args.batch_size, order, device):
             xb, tb = x_tr[idx], t_tr[idx]
             mask = select(method, selector, xb, args.k, args.tau, gen, exact=False)
             loss = ((reg(xb * mask).squeeze(-1) - tb) ** 2).mean()
@@ -158,22 +143,20 @@ def train_one(method: str, data, args, seed: int, device):
     return precision, mse, history
 
 
-def mean_std(values: list[float]) -> str:
-    t = torch.tensor(values, dtype=torch.float64)
-    s = float(t.std()) if len(t) > 1 else 0.0
-    return f"{float(t.mean()):.3f} ± {s:.3f}"
-
-
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    with session(args) as out:
+        return _run(args, out, command_line("correlated_topk.py", argv))
+
+
+def _run(args, out, cmd: str) -> dict:
     device = torch.device(args.device)
     seeds = list(range(args.seed, args.seed + args.n_seeds))
     results = {m: {"precision": [], "mse": [], "history": [], "time": []} for m in METHODS}
     t0 = time.perf_counter()
     runs = [(m, s) for s in seeds for m in METHODS]
-    for method, seed in tqdm(runs, desc="selectors", unit="run"):
-        gen = torch.Generator().manual_seed(1000 + seed)
+    for method, seed in progress(runs, desc="selectors", unit="run", disable=args.no_progress):
+        gen = generator(1000 + seed)
         x_tr, t_tr, _ = make_data(args.n_train, args.d, args.k, args.sigma, gen)
         x_te, t_te, s_te = make_data(args.n_test, args.d, args.k, args.sigma, gen)
         data = [v.to(device) for v in (x_tr, t_tr, x_te, t_te, s_te)]
@@ -186,11 +169,8 @@ def main(argv=None) -> None:
         r["time"].append(time.perf_counter() - t1)
     elapsed = time.perf_counter() - t0
 
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = "python examples/correlated_topk.py " + " ".join(sys.argv[1:] if argv is None else argv)
     lines = ["# Contiguous spans: correlated top-k vs top-k relaxations", "",
-             f"Command: `{cmd.strip()}`", "",
+             f"Command: `{cmd}`", "",
              f"d = {args.d} features, span length k = {args.k} at a random position, "
              f"σ = {args.sigma}, {args.n_train} training / {args.n_test} test examples, "
              f"{args.epochs} epochs, Gumbel noise, τ = {args.tau}; seeds {seeds}; exact "
@@ -198,41 +178,40 @@ def main(argv=None) -> None:
              f"{args.k / args.d:.3f}); test MSE of the regressor on the selected features "
              f"(Var t = 1). Mean ± std over seeds; total time {elapsed:.0f} s "
              f"({args.threads} thread(s), {args.device}).", "",
-             "| selector | subset precision | test MSE | train time per run (s) |",
-             "|---|---|---|---|"]
-    for m, r in results.items():
-        lines.append(f"| {m} | {mean_std(r['precision'])} | {mean_std(r['mse'])} | "
-                     f"{sum(r['time']) / len(r['time']):.1f} |")
+             md_table(["selector", "subset precision", "test MSE", "train time per run (s)"],
+                      [(m, mean_std(r["precision"]), mean_std(r["mse"]),
+                        f"{sum(r['time']) / len(r['time']):.1f}") for m, r in results.items()])]
     table = "\n".join(lines) + "\n"
-    (out / "correlated_topk.md").write_text(table)
     per_seed = {m: {"seeds": seeds, **{key: r[key] for key in ("precision", "mse", "time")}}
                 for m, r in results.items()}
-    (out / "correlated_topk.json").write_text(json.dumps(per_seed, indent=1))
+    write_results(out, "correlated_topk", table, per_seed)
     print(table)
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    names = list(results)
-    mean = [float(torch.tensor(results[m]["precision"]).mean()) for m in names]
-    std = [float(torch.tensor(results[m]["precision"]).std()) if len(seeds) > 1 else 0.0
-           for m in names]
-    axes[0].bar(range(len(names)), mean, yerr=std, capsize=4,
-                color=["C3"] + ["C0"] * (len(names) - 1))
-    axes[0].axhline(args.k / args.d, color="gray", ls="--", lw=1, label="chance")
-    axes[0].set_xticks(range(len(names)), [n.replace(" (", "\n(") for n in names], rotation=30,
-                       ha="right", fontsize=7)
-    axes[0].set_ylim(0, 1.05)
-    axes[0].set_ylabel("subset precision (test, exact selection)")
-    axes[0].legend(fontsize=8)
-    for i, m in enumerate(names):
-        h = torch.tensor(results[m]["history"]).mean(0)
-        axes[1].plot(range(1, len(h) + 1), h, label=m, color=f"C{3 if i == 0 else i - 1}",
-                     ls="-" if i == 0 else "--")
-    axes[1].set_xlabel("epoch")
-    axes[1].set_ylabel("training MSE (relaxed mask), mean over seeds")
-    axes[1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "correlated_topk.png", dpi=120)
+    def draw(plt):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        names = list(results)
+        prec = [torch.tensor(results[m]["precision"]) for m in names]
+        std = [float(p.std()) if len(seeds) > 1 else 0.0 for p in prec]
+        axes[0].bar(range(len(names)), [float(p.mean()) for p in prec], yerr=std, capsize=4,
+                    color=["C3"] + ["C0"] * (len(names) - 1))
+        axes[0].axhline(args.k / args.d, color="gray", ls="--", lw=1, label="chance")
+        axes[0].set_xticks(range(len(names)), [n.replace(" (", "\n(") for n in names],
+                           rotation=30, ha="right", fontsize=7)
+        axes[0].set_ylim(0, 1.05)
+        axes[0].set_ylabel("subset precision (test, exact selection)")
+        axes[0].legend(fontsize=8)
+        for i, m in enumerate(names):
+            h = torch.tensor(results[m]["history"]).mean(0)
+            axes[1].plot(range(1, len(h) + 1), h, label=m, color=f"C{3 if i == 0 else i - 1}",
+                         ls="-" if i == 0 else "--")
+        axes[1].set_xlabel("epoch")
+        axes[1].set_ylabel("training MSE (relaxed mask), mean over seeds")
+        axes[1].legend(fontsize=7)
+        return fig
+
+    save_plot(out / "correlated_topk.png", draw)
     print(f"wrote {out / 'correlated_topk.md'}, .json and .png")
+    return per_seed
 
 
 if __name__ == "__main__":

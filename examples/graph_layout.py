@@ -16,23 +16,13 @@ spanning tree of θ / top-(n−1) of θ / θ > 0) against the true tree, mean ±
 """
 from __future__ import annotations
 
-import argparse
-import pathlib
-import statistics
 import time
 
-import matplotlib
+import torch
+from _common import generator, md_table, mean_std, minibatches, parser, progress, save_plot
+from _common import session, write_results
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-
-try:
-    from tqdm import tqdm  # noqa: E402
-except ImportError:  # pragma: no cover
-    tqdm = None
-
-from perturb.latent import GraphLayoutVAE, edge_precision_recall, make_graph_layout  # noqa: E402
+from perturb.latent import GraphLayoutVAE, edge_precision_recall, make_graph_layout
 
 NAMES = {"tree": "Spanning tree", "independent": "Indep. undirected edges",
          "topk": "E.F. top-(n−1)"}
@@ -64,7 +54,7 @@ def evaluate(model: GraphLayoutVAE, data, batch: int, generator: torch.Generator
 
 
 def train_one(latent: str, T: int, seed: int, args, bar) -> dict:
-    g = torch.Generator().manual_seed(seed)
+    g = generator(seed)
     train = make_graph_layout(args.n_train, args.n_nodes, T, generator=g)
     test = make_graph_layout(args.n_test, args.n_nodes, T, generator=g)
     dev = torch.device(args.device)
@@ -74,118 +64,105 @@ def train_one(latent: str, T: int, seed: int, args, bar) -> dict:
     model = GraphLayoutVAE(args.n_nodes, latent, hidden=args.hidden, tau=args.tau,
                            hard=args.hard, obs_scale=args.obs_scale, n_steps=T).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    gn = torch.Generator(device=dev).manual_seed(seed + 1)
+    gn = generator(seed + 1, dev)
     curve = []
     for epoch in range(args.epochs):
-        perm = torch.randperm(args.n_train, generator=g).to(dev)
-        for s in range(0, args.n_train, args.batch_size):
-            x = train.trajectories[perm[s:s + args.batch_size]]
+        for idx in minibatches(args.n_train, args.batch_size, g, dev):
+            x = train.trajectories[idx]
             loss = -model.elbo(x, generator=gn).elbo.mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(graph=latent, T=T, seed=seed, loss=f"{loss.item():.0f}")
+        bar.update(1)
+        bar.set_postfix(graph=latent, T=T, seed=seed, loss=f"{loss.item():.0f}")
         if epoch % max(1, args.epochs // 10) == 0 or epoch == args.epochs - 1:
-            curve.append((epoch + 1, *evaluate(model, test, 500, torch.Generator(
-                device=dev).manual_seed(0))))
+            curve.append((epoch + 1, *evaluate(model, test, 500, generator(0, dev))))
     elbo, prec, rec = curve[-1][1:]
     return {"elbo": elbo, "prec": prec, "rec": rec, "curve": curve}
 
 
-def fmt(values: list[float], digits: int = 0) -> str:
-    m = statistics.mean(values)
-    s = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{m:.{digits}f} ± {s:.{digits}f}"
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seed", type=int, default=0, help="first seed")
-    parser.add_argument("--seeds", type=int, default=3, help="number of seeds")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (1: these small ops are ~5x slower with 2 "
-                             "threads on a shared 2-core machine)")
-    parser.add_argument("--steps", type=int, nargs="+", default=[10], help="T values")
-    parser.add_argument("--graphs", nargs="+", default=list(NAMES), choices=list(NAMES))
-    parser.add_argument("--n-nodes", type=int, default=10)
-    parser.add_argument("--n-train", type=int, default=2000)
-    parser.add_argument("--n-test", type=int, default=500)
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=50)
-    parser.add_argument("--hidden", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--tau", type=float, default=0.5)
-    parser.add_argument("--hard", action="store_true", help="straight-through graphs")
-    parser.add_argument("--obs-scale", type=float, default=0.02, help="likelihood σ")
-    parser.add_argument("--out", default="results", help="output directory")
-    parser.add_argument("--quick", action="store_true", help="a < 60 s version")
-    parser.add_argument("--full", action="store_true",
-                        help="GPU scale: 20k training examples, 50 epochs, hidden 128, "
-                             "T = 10 and 20")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> dict:
+    p = parser(__doc__, quick="a < 60 s version", threads=1)
+    p.add_argument("--seeds", type=int, default=3, help="number of seeds (from --seed on)")
+    p.add_argument("--steps", type=int, nargs="+", default=[10], help="T values")
+    p.add_argument("--graphs", nargs="+", default=list(NAMES), choices=list(NAMES))
+    p.add_argument("--n-nodes", type=int, default=10)
+    p.add_argument("--n-train", type=int, default=2000)
+    p.add_argument("--n-test", type=int, default=500)
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=50)
+    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--tau", type=float, default=0.5)
+    p.add_argument("--hard", action="store_true", help="straight-through graphs")
+    p.add_argument("--obs-scale", type=float, default=0.02, help="likelihood σ")
+    p.add_argument("--full", action="store_true",
+                   help="GPU scale: 20k training examples, 50 epochs, hidden 128, T = 10 and 20")
+    args = p.parse_args(argv)
     if args.quick:
         args.seeds, args.n_train, args.n_test, args.epochs, args.hidden = 1, 200, 100, 3, 16
     if args.full:
         args.n_train, args.n_test, args.epochs, args.hidden = 20000, 2000, 50, 128
         args.batch_size, args.steps = 128, sorted(set(args.steps) | {10, 20})
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    with session(args) as out:
+        return _run(args, out)
+
+
+def _run(args, out) -> dict:
     seeds = [args.seed + s for s in range(args.seeds)]
     runs = [(T, latent, s) for T in args.steps for latent in args.graphs for s in seeds]
-    bar = tqdm(total=len(runs) * args.epochs, desc="graph layout") if tqdm else None
+    bar = progress(total=len(runs) * args.epochs, desc="graph layout", disable=args.no_progress)
     t0 = time.time()
     results: dict = {}
     for T, latent, s in runs:
         r = train_one(latent, T, s, args, bar)
         results.setdefault((T, latent), []).append(r)
-        msg = (f"T={T} {latent} seed={s}: ELBO {r['elbo']:.0f}, precision {r['prec']:.1f}, "
-               f"recall {r['rec']:.1f}")
-        bar.write(msg) if bar is not None else print(msg)
-    if bar is not None:
-        bar.close()
+        bar.write(f"T={T} {latent} seed={s}: ELBO {r['elbo']:.0f}, precision {r['prec']:.1f}, "
+                  f"recall {r['rec']:.1f}")
+    bar.close()
     wall = time.time() - t0
 
     lines = [f"# Dynamic graph reconstruction ({args.n_nodes} vertices, {args.n_train} training / "
              f"{args.n_test} test trajectories, {args.epochs} epochs, τ = {args.tau}"
              f"{', straight-through' if args.hard else ''}, σ = {args.obs_scale}, "
              f"seeds {seeds})", "",
-             "| T | latent graph | test ELBO | edge prec. (%) | edge rec. (%) "
-             "| paper: ELBO / prec. / rec. |",
-             "|---|---|---|---|---|---|"]
-    for (T, latent), rs in results.items():
-        lines.append(f"| {T} | {NAMES[latent]} | {fmt([r['elbo'] for r in rs])} | "
-                     f"{fmt([r['prec'] for r in rs])} | {fmt([r['rec'] for r in rs])} | "
-                     f"{PAPER.get(T, {}).get(latent, '—')} |")
-    lines += ["", f"Wall time {wall:.0f} s on {args.device}. ELBO: one relaxed sample per test "
-              "trajectory, nats, summed over the T predicted steps (x_0 given); its scale depends "
-              "on σ and is not comparable to the paper's. Precision/recall: posterior mode vs the "
-              "true tree."]
+             md_table(["T", "latent graph", "test ELBO", "edge prec. (%)", "edge rec. (%)",
+                       "paper: ELBO / prec. / rec."],
+                      [(T, NAMES[latent], *(mean_std([r[key] for r in rs], 0)
+                                            for key in ("elbo", "prec", "rec")),
+                        PAPER.get(T, {}).get(latent, "—"))
+                       for (T, latent), rs in results.items()]),
+             "", f"Wall time {wall:.0f} s on {args.device}. ELBO: one relaxed sample per test "
+             "trajectory, nats, summed over the T predicted steps (x_0 given); its scale depends "
+             "on σ and is not comparable to the paper's. Precision/recall: posterior mode vs the "
+             "true tree."]
     table = "\n".join(lines) + "\n"
-    (out / "graph_layout.md").write_text(table)
+    summary = {"seeds": seeds, "chance_precision": 100 * 2 / args.n_nodes,
+               "runs": {f"T={T} {latent}": rs for (T, latent), rs in results.items()}}
+    write_results(out, "graph_layout", table, summary)
     print(table)
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for (T, latent), rs in results.items():
-        for k, r in enumerate(rs):
-            ep = [c[0] for c in r["curve"]]
-            axes[0].plot(ep, [c[2] for c in r["curve"]], color=f"C{list(NAMES).index(latent)}",
-                         ls="-" if T == args.steps[0] else "--",
-                         label=f"{NAMES[latent]}, T={T}" if k == 0 else None)
-            axes[1].plot(ep, [c[1] for c in r["curve"]], color=f"C{list(NAMES).index(latent)}",
-                         ls="-" if T == args.steps[0] else "--")
-    axes[0].set(xlabel="epoch", ylabel="edge precision (%)", title="posterior mode vs true tree")
-    axes[1].set(xlabel="epoch", ylabel="test ELBO", title="relaxed ELBO")
-    axes[1].set_yscale("symlog")
-    axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(out / "graph_layout.png", dpi=120)
-    print(f"wrote {out / 'graph_layout.md'} and {out / 'graph_layout.png'}")
+    def draw(plt):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for (T, latent), rs in results.items():
+            color = f"C{list(NAMES).index(latent)}"
+            for k, r in enumerate(rs):
+                ep = [c[0] for c in r["curve"]]
+                axes[0].plot(ep, [c[2] for c in r["curve"]], color=color,
+                             ls="-" if T == args.steps[0] else "--",
+                             label=f"{NAMES[latent]}, T={T}" if k == 0 else None)
+                axes[1].plot(ep, [c[1] for c in r["curve"]], color=color,
+                             ls="-" if T == args.steps[0] else "--")
+        axes[0].set(xlabel="epoch", ylabel="edge precision (%)",
+                    title="posterior mode vs true tree")
+        axes[1].set(xlabel="epoch", ylabel="test ELBO", title="relaxed ELBO")
+        axes[1].set_yscale("symlog")
+        axes[0].legend()
+        return fig
+
+    save_plot(out / "graph_layout.png", draw)
+    print(f"wrote {out / 'graph_layout.md'}, .json and .png")
+    return summary
 
 
 if __name__ == "__main__":

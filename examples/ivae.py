@@ -14,7 +14,7 @@ Part 2 (``--part discrete``): the same sources, observed through the perturbatio
 
 whose T → 0 limit is the binary x = 1[f(s) + ε > 0] (P(x = 1) = σ(f) for logistic noise, Φ(f)
 for normal noise). An iVAE with the matching perturbed likelihood
-(``IVAE(likelihood="perturbed", noise=..., temperature=T)``) is trained for each T and noise;
+(``IVAE(likelihood="perturbed", noise=..., tau=T)``) is trained for each T and noise;
 MCC is reported as T decreases to 0.
 
 Run ``python examples/ivae.py --help``; ``--quick`` is a < 60 s version.
@@ -23,31 +23,25 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import sys
 import time
 
-import matplotlib
+import torch
+from _common import command_line, generator, md_table, mean_std, minibatches, parser, progress
+from _common import save_plot, session, write_results
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from perturb import Logistic, Normal  # noqa: E402
-from perturb.latent import IVAE, make_nonlinear_ica, mean_corr_coef, perturbed_binary  # noqa: E402
+from perturb import Logistic, Normal
+from perturb.latent import IVAE, make_nonlinear_ica, mean_corr_coef, perturbed_binary
 
 NOISES = {"Logistic": Logistic(), "Gaussian": Normal()}
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = parser(__doc__.split("\n\n")[0], quick="a < 60 s version (make demo)", threads=1)
     p.add_argument("--part", choices=("all", "continuous", "discrete"), default="all")
     p.add_argument("--discrete", action="store_true", help="shorthand for --part discrete")
-    p.add_argument("--seed", type=int, default=0, help="base seed (seeds are seed, seed+1, ...)")
-    p.add_argument("--n-seeds", type=int, default=3, help="seeds of part 1")
+    p.add_argument("--n-seeds", type=int, default=3,
+                   help="seeds of part 1 (--seed, --seed + 1, ...)")
     p.add_argument("--n-seeds-discrete", type=int, default=3, help="seeds of part 2")
-    p.add_argument("--device", default="cpu")
     p.add_argument("--epochs", type=int, default=80, help="epochs of part 1")
     p.add_argument("--epochs-discrete", type=int, default=40, help="epochs of part 2")
     p.add_argument("--n-sources", type=int, default=5)
@@ -69,10 +63,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vae-temperatures", type=float, nargs="*", default=[1.0, 0.0],
                    help="part 2: temperatures at which a plain VAE is also trained (reference)")
     p.add_argument("--eval-every", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (1 is fastest on a shared machine)")
-    p.add_argument("--out", default="results", help="output directory")
-    p.add_argument("--quick", action="store_true", help="a < 60 s version (make demo)")
     args = p.parse_args(argv)
     if args.discrete:
         args.part = "discrete"
@@ -87,12 +77,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def train(model: IVAE, x, u, s, epochs: int, args, seed: int, bar) -> tuple[list, list]:
     """Adam on the negative ELBO; returns (epochs, MCC) at every --eval-every epochs."""
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    shuffle = torch.Generator().manual_seed(seed)
+    shuffle = generator(seed)
     curve_e, curve_m = [0], [float(mean_corr_coef(s, model.latents(x, u)))]
     for epoch in range(1, epochs + 1):
-        perm = torch.randperm(len(x), generator=shuffle).to(x.device)
-        for i in range(0, len(x), args.batch_size):
-            idx = perm[i:i + args.batch_size]
+        for idx in minibatches(len(x), args.batch_size, shuffle, x.device):
             loss = -model(x[idx], u[idx]).mean()
             opt.zero_grad()
             loss.backward()
@@ -107,18 +95,11 @@ def train(model: IVAE, x, u, s, epochs: int, args, seed: int, bar) -> tuple[list
 def data_for(seed: int, n_per_segment: int, args):
     return make_nonlinear_ica(args.n_sources, args.n_segments, n_per_segment, args.d_obs,
                               n_layers=args.n_layers, slope=args.slope, obs_noise=args.obs_noise,
-                              generator=torch.Generator().manual_seed(seed))
-
-
-def mean_std(values) -> str:
-    t = torch.tensor(values, dtype=torch.float64)
-    s = float(t.std()) if len(t) > 1 else 0.0
-    return f"{float(t.mean()):.3f} ± {s:.3f}"
+                              generator=generator(seed))
 
 
 def header(args, part: str) -> list[str]:
-    cmd = "python examples/ivae.py " + " ".join(sys.argv[1:])
-    return [f"Command: `{cmd.strip()}` (part: {part})", "",
+    return [f"Command: `{args.command}` (part: {part})", "",
             f"Data: n = {args.n_sources} sources, {args.n_segments} segments, d = {args.d_obs}, "
             f"mixing: {args.n_layers}-layer leaky-ReLU MLP (slope {args.slope}), "
             f"observation noise {args.obs_noise}. Models: encoder/decoder MLPs of width "
@@ -127,13 +108,13 @@ def header(args, part: str) -> list[str]:
             "(Hungarian), mean ± std over seeds.", ""]
 
 
-def run_continuous(args, device, out: pathlib.Path) -> None:
+def run_continuous(args, device, out: pathlib.Path) -> dict:
     seeds = [args.seed + i for i in range(args.n_seeds)]
     models = (("iVAE", True), ("VAE", False))
     res: dict[str, list] = {name: [] for name, _ in models}
     t0 = time.perf_counter()
-    with tqdm(total=len(seeds) * len(models) * args.epochs, desc="iVAE vs VAE",
-              unit="epoch") as bar:
+    with progress(total=len(seeds) * len(models) * args.epochs, desc="iVAE vs VAE",
+                  unit="epoch", disable=args.no_progress) as bar:
         for seed in seeds:
             data = data_for(seed, args.n_per_segment, args)
             x, u, s = data.x.to(device), data.u.to(device), data.s.to(device)
@@ -147,28 +128,33 @@ def run_continuous(args, device, out: pathlib.Path) -> None:
     lines = ["# iVAE vs VAE on nonlinear ICA", ""] + header(args, "continuous") + [
         f"{args.n_per_segment} points per segment, {args.epochs} epochs, seeds {seeds}, "
         f"total time {elapsed:.0f} s.", "",
-        "| model | MCC (mean ± std) | per seed | MCC at init |", "|---|---|---|---|"]
-    for name, _ in models:
-        finals = [m[-1] for _, m in res[name]]
-        lines.append(f"| {name} | {mean_std(finals)} | {', '.join(f'{v:.3f}' for v in finals)} "
-                     f"| {mean_std([m[0] for _, m in res[name]])} |")
+        md_table(["model", "MCC (mean ± std)", "per seed", "MCC at init"],
+                 [(name, mean_std([m[-1] for _, m in res[name]]),
+                   ", ".join(f"{m[-1]:.3f}" for _, m in res[name]),
+                   mean_std([m[0] for _, m in res[name]])) for name, _ in models])]
     table = "\n".join(lines) + "\n"
-    (out / "ivae.md").write_text(table)
+    write_results(out, "ivae", table)
     print(table)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for (name, _), color in zip(models, ("C3", "C0")):
-        for i, (e, m) in enumerate(res[name]):
-            ax.plot(e, m, color=color, alpha=0.8, label=name if i == 0 else None)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("MCC")
-    ax.set_ylim(0, 1)
-    ax.set_title(f"nonlinear ICA: iVAE vs VAE ({len(seeds)} seeds)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "ivae.png", dpi=120)
+
+    def draw(plt):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for (name, _), color in zip(models, ("C3", "C0")):
+            for i, (e, m) in enumerate(res[name]):
+                ax.plot(e, m, color=color, alpha=0.8, label=name if i == 0 else None)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("MCC")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"nonlinear ICA: iVAE vs VAE ({len(seeds)} seeds)")
+        ax.legend()
+        return fig
+
+    save_plot(out / "ivae.png", draw)
+    return {"seeds": seeds, **{name: {"mcc": [m[-1] for _, m in res[name]],
+                                      "mcc_at_init": [m[0] for _, m in res[name]],
+                                      "curves": res[name]} for name, _ in models}}
 
 
-def run_discrete(args, device, out: pathlib.Path) -> None:
+def run_discrete(args, device, out: pathlib.Path) -> dict:
     seeds = [args.seed + i for i in range(args.n_seeds_discrete)]
     temps = args.temperatures
     vae_temps = [t for t in args.vae_temperatures if t in temps]
@@ -176,8 +162,8 @@ def run_discrete(args, device, out: pathlib.Path) -> None:
         [(n, t, False) for n in NOISES for t in vae_temps]
     res: dict[tuple[str, float, bool], list[float]] = {j: [] for j in jobs}
     t0 = time.perf_counter()
-    with tqdm(total=len(seeds) * len(jobs) * args.epochs_discrete, desc="perturbed binary",
-              unit="epoch") as bar:
+    with progress(total=len(seeds) * len(jobs) * args.epochs_discrete, desc="perturbed binary",
+                  unit="epoch", disable=args.no_progress) as bar:
         for seed in seeds:
             data = data_for(seed, args.n_per_segment_discrete, args)
             u, s = data.u.to(device), data.s.to(device)
@@ -185,12 +171,11 @@ def run_discrete(args, device, out: pathlib.Path) -> None:
             f = f * (args.logit_scale / f.std())
             for nname, temp, cond in jobs:
                 noise = NOISES[nname]
-                x = perturbed_binary(f, temp, noise,
-                                     torch.Generator().manual_seed(1000 + seed)).to(device)
+                x = perturbed_binary(f, temp, noise, generator(1000 + seed)).to(device)
                 torch.manual_seed(seed)
                 model = IVAE(args.d_obs, args.n_sources, args.n_segments, args.hidden,
                              conditional_prior=cond, likelihood="perturbed", noise=noise,
-                             temperature=temp).to(device)
+                             tau=temp).to(device)
                 _, m = train(model, x, u, s, args.epochs_discrete, args, seed, bar)
                 res[(nname, temp, cond)].append(m[-1])
                 bar.set_postfix_str(f"{'iVAE' if cond else 'VAE'} {nname} T={temp} seed {seed} "
@@ -201,18 +186,22 @@ def run_discrete(args, device, out: pathlib.Path) -> None:
         f"{args.n_per_segment_discrete} points per segment, {args.epochs_discrete} epochs, seeds "
         f"{seeds}, total time {elapsed:.0f} s. Logits f(s) rescaled to std {args.logit_scale}. "
         "Data generated and modelled with the same noise "
-        "(IVAE(likelihood='perturbed', noise=..., temperature=T)); T = 0 is the binary limit "
+        "(IVAE(likelihood='perturbed', noise=..., tau=T)); T = 0 is the binary limit "
         "x = 1[f(s) + ε > 0].", "",
-        "| T | " + " | ".join(f"iVAE, {n} noise" for n in NOISES) + " | "
-        + " | ".join(f"VAE, {n} noise" for n in NOISES) + " |",
-        "|---|" + "---|" * (2 * len(NOISES))]
-    for temp in temps:
-        cells = [mean_std(res[(n, temp, True)]) for n in NOISES]
-        cells += [mean_std(res[(n, temp, False)]) if temp in vae_temps else "—" for n in NOISES]
-        lines.append(f"| {temp:g} | " + " | ".join(cells) + " |")
+        md_table(["T", *(f"iVAE, {n} noise" for n in NOISES), *(f"VAE, {n} noise" for n in NOISES)],
+                 [(f"{temp:g}", *(mean_std(res[(n, temp, True)]) for n in NOISES),
+                   *(mean_std(res[(n, temp, False)]) if temp in vae_temps else "—"
+                     for n in NOISES)) for temp in temps])]
     table = "\n".join(lines) + "\n"
-    (out / "ivae_discrete.md").write_text(table)
+    write_results(out, "ivae_discrete", table)
     print(table)
+    save_plot(out / "ivae_discrete.png", lambda plt: _draw_discrete(plt, res, temps, vae_temps))
+    return {"seeds": seeds, "temperatures": temps,
+            "ivae": {n: {f"{t:g}": res[(n, t, True)] for t in temps} for n in NOISES},
+            "vae": {n: {f"{t:g}": res[(n, t, False)] for t in vae_temps} for n in NOISES}}
+
+
+def _draw_discrete(plt, res, temps, vae_temps):
     fig, ax = plt.subplots(figsize=(6, 4))
     pos = list(range(len(temps)))
     for nname, color in zip(NOISES, ("C2", "C4")):
@@ -230,21 +219,22 @@ def run_discrete(args, device, out: pathlib.Path) -> None:
     ax.set_ylim(0, 1)
     ax.set_title("iVAE on x = σ((f(s) + ε)/T)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "ivae_discrete.png", dpi=120)
+    return fig
 
 
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.part in ("all", "continuous"):
-        run_continuous(args, device, out)
-    if args.part in ("all", "discrete"):
-        run_discrete(args, device, out)
-    print(f"wrote results to {out}/")
+    args.command = command_line("ivae.py", argv)
+    results = {}
+    with session(args) as out:
+        device = torch.device(args.device)
+        if args.part in ("all", "continuous"):
+            results["continuous"] = run_continuous(args, device, out)
+        if args.part in ("all", "discrete"):
+            results["discrete"] = run_discrete(args, device, out)
+        write_results(out, "ivae", results=results)
+        print(f"wrote results to {out}/")
+    return results
 
 
 if __name__ == "__main__":

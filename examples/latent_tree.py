@@ -18,20 +18,14 @@ learned marginals.
 """
 from __future__ import annotations
 
-import argparse
-import pathlib
 import time
 
-import matplotlib
+import torch
+from _common import generator, md_table, parser, progress, save_plot, session, write_results
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-import perturb  # noqa: E402
-from perturb import Gumbel, Normal  # noqa: E402
-from perturb.structured import (  # noqa: E402
+import perturb
+from perturb import Gumbel, Normal
+from perturb.structured import (
     SpanningTrees,
     max_spanning_tree,
     spanning_tree_marginals,
@@ -89,7 +83,7 @@ def chow_liu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def learn(x: torch.Tensor, noise, steps: int, n_samples: int, seed: int, device: str):
     """Minimise the neighbourhood reconstruction loss through relaxed spanning trees."""
-    g = torch.Generator(device=device).manual_seed(seed)
+    g = generator(seed, device)
     m, n = x.shape
     x = x.to(device)
     theta = torch.zeros(n, n, dtype=torch.float64, device=device, requires_grad=True)
@@ -108,30 +102,28 @@ def learn(x: torch.Tensor, noise, steps: int, n_samples: int, seed: int, device:
     return theta.detach().cpu(), tau, loss.item()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--epochs", type=int, default=300, help="optimisation steps per run")
-    parser.add_argument("--trials", type=int, default=5, help="random trees to recover")
-    parser.add_argument("--n", type=int, default=15, help="number of nodes (10..20)")
-    parser.add_argument("--m", type=int, default=40, help="samples per data set")
-    parser.add_argument("--samples", type=int, default=8, help="relaxed trees per step")
-    parser.add_argument("--out", default="results")
-    parser.add_argument("--quick", action="store_true", help="a < 60 s version")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> dict:
+    p = parser(__doc__, quick="a < 60 s version")
+    p.add_argument("--epochs", type=int, default=300, help="optimisation steps per run")
+    p.add_argument("--trials", type=int, default=5, help="random trees to recover")
+    p.add_argument("--n", type=int, default=15, help="number of nodes (10..20)")
+    p.add_argument("--m", type=int, default=40, help="samples per data set")
+    p.add_argument("--samples", type=int, default=8, help="relaxed trees per step")
+    args = p.parse_args(argv)
     if args.quick:
         args.epochs, args.trials, args.n = 120, 2, 10
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(args.seed)
-    g = torch.Generator().manual_seed(args.seed)
+    with session(args) as out:
+        return _run(args, out)
+
+
+def _run(args, out) -> dict:
+    g = generator(args.seed)
     methods = {"Gumbel": Gumbel(), "Gaussian": Normal()}
     scores = {"Chow-Liu": [], **{k: [] for k in methods}}
     last = {}
     t0 = time.time()
-    bar = tqdm(total=args.trials * len(methods), desc="latent trees")
+    bar = progress(total=args.trials * len(methods), desc="latent trees",
+                   disable=args.no_progress)
     for trial in range(args.trials):
         parent = random_tree(args.n, g)
         true = adjacency(parent)
@@ -150,33 +142,39 @@ def main() -> None:
         last["true"], last["Chow-Liu MI"] = true, mi
     bar.close()
 
+    summary = {name: {"precision": sum(a for a, _ in pr) / len(pr),
+                      "recall": sum(b for _, b in pr) / len(pr),
+                      "per_trial": [list(t) for t in pr]} for name, pr in scores.items()}
+    summary["chance_precision"] = 2 / args.n   # n − 1 of the n(n − 1)/2 pairs are edges
     lines = [f"# Latent tree recovery (n={args.n}, m={args.m} samples, {args.trials} trees, "
              f"{args.epochs} steps, seed {args.seed})", "",
-             "| method | edge precision | edge recall |", "|---|---|---|"]
-    for name, pr in scores.items():
-        p = sum(a for a, _ in pr) / len(pr)
-        r = sum(b for _, b in pr) / len(pr)
-        lines.append(f"| {name} | {p:.3f} | {r:.3f} |")
-    lines += ["", f"Wall time {time.time() - t0:.1f} s. Learned trees are max spanning trees of "
-              "θ; Chow-Liu is the maximum spanning tree of the sample mutual information."]
+             md_table(["method", "edge precision", "edge recall"],
+                      [(name, f"{summary[name]['precision']:.3f}",
+                        f"{summary[name]['recall']:.3f}") for name in scores]),
+             "", f"Wall time {time.time() - t0:.1f} s. Learned trees are max spanning trees of "
+             "θ; Chow-Liu is the maximum spanning tree of the sample mutual information."]
     table = "\n".join(lines) + "\n"
-    (out / "latent_tree.md").write_text(table)
+    write_results(out, "latent_tree", table, summary)
     print(table)
 
-    fig, axes = plt.subplots(1, 4, figsize=(16, 4))
-    panels = [("true tree", last["true"]), ("Chow-Liu MI", last["Chow-Liu MI"]),
-              ("marginals (Gumbel)", last["Gumbel"]), ("marginals (Gaussian)", last["Gaussian"])]
-    ii, jj = last["true"].nonzero(as_tuple=True)
-    for ax, (title, M) in zip(axes, panels):
-        im = ax.imshow(M.numpy(), cmap="viridis")
-        ax.scatter(jj.numpy(), ii.numpy(), marker="s", s=30, facecolors="none",
-                   edgecolors="red", linewidths=0.8)
-        ax.set_title(title)
-        fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.suptitle("last trial; red squares: true edges")
-    fig.tight_layout()
-    fig.savefig(out / "latent_tree.png", dpi=120)
-    print(f"wrote {out / 'latent_tree.md'} and {out / 'latent_tree.png'}")
+    def draw(plt):
+        fig, axes = plt.subplots(1, 4, figsize=(16, 4))
+        panels = [("true tree", last["true"]), ("Chow-Liu MI", last["Chow-Liu MI"]),
+                  ("marginals (Gumbel)", last["Gumbel"]),
+                  ("marginals (Gaussian)", last["Gaussian"])]
+        ii, jj = last["true"].nonzero(as_tuple=True)
+        for ax, (title, M) in zip(axes, panels):
+            im = ax.imshow(M.numpy(), cmap="viridis")
+            ax.scatter(jj.numpy(), ii.numpy(), marker="s", s=30, facecolors="none",
+                       edgecolors="red", linewidths=0.8)
+            ax.set_title(title)
+            fig.colorbar(im, ax=ax, fraction=0.046)
+        fig.suptitle("last trial; red squares: true edges")
+        return fig
+
+    save_plot(out / "latent_tree.png", draw)
+    print(f"wrote {out / 'latent_tree.md'}, .json and .png")
+    return summary
 
 
 if __name__ == "__main__":

@@ -24,21 +24,16 @@ tokens, 5 arguments and 100,000 expressions. ``--quick`` is a < 1 min smoke run.
 """
 from __future__ import annotations
 
-import argparse
-import pathlib
 import statistics
 import time
 
-import matplotlib
+import torch
+import torch.nn.functional as F
+from _common import generator, md_table, mean_std, minibatches, parser, progress, save_plot
+from _common import session, write_results
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-import perturb  # noqa: E402
-from perturb.latent.listops import (  # noqa: E402
+import perturb
+from perturb.latent.listops import (
     LISTOPS_VOCAB,
     LatentListOpsModel,
     arc_precision_recall,
@@ -54,10 +49,7 @@ SEED = {"arborescence": ("95.0 ± 3.0", "75.5 ± 7.0", "71.9 ± 12.4"),
 
 def _batches(data, size: int, generator: torch.Generator | None = None):
     """Minibatches trimmed to their own longest sequence (shuffled when a generator is given)."""
-    N = len(data.values)
-    order = torch.randperm(N, generator=generator) if generator is not None else torch.arange(N)
-    for k in range(0, N, size):
-        idx = order[k:k + size]
+    for idx in minibatches(len(data.values), size, generator):
         n = int(data.lengths[idx].max())
         yield (data.tokens[idx, :n], data.lengths[idx], data.heads[idx, :n], data.values[idx])
 
@@ -86,8 +78,8 @@ def train_one(graph: str, train, test, args, seed: int, device, bar):
     model = LatentListOpsModel(graph, dim=args.dim, n_rounds=args.rounds, tau=args.tau,
                                hard=args.hard, heads_precede=not args.all_arcs).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    gen = torch.Generator().manual_seed(seed)
-    noise_gen = torch.Generator(device=device).manual_seed(seed + 1)
+    gen = generator(seed)
+    noise_gen = generator(seed + 1, device)
     curve = []
     for epoch in range(args.epochs):
         for tok, lens, heads, vals in _batches(train, args.batch_size, gen):
@@ -105,62 +97,51 @@ def train_one(graph: str, train, test, args, seed: int, device, bar):
     return model, curve, (acc, p, r)
 
 
-def _ms(xs: list[float]) -> str:
-    xs = [100 * x for x in xs]
-    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return f"{statistics.mean(xs):.1f} ± {sd:.1f}"
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seed", type=int, default=0, help="first seed")
-    parser.add_argument("--seeds", type=int, default=3, help="number of seeds")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--models", default="arborescence,independent",
-                        help="comma-separated: arborescence, independent, gold")
-    parser.add_argument("--n-train", type=int, default=12000)
-    parser.add_argument("--n-test", type=int, default=1000)
-    parser.add_argument("--max-length", type=int, default=25)
-    parser.add_argument("--max-depth", type=int, default=3)
-    parser.add_argument("--max-args", type=int, default=4)
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--tau", type=float, default=1.0)
-    parser.add_argument("--hard", action="store_true",
-                        help="straight-through: exact max arborescence / thresholded arcs forward")
-    parser.add_argument("--all-arcs", action="store_true",
-                        help="allow every arc (default: only i -> j with i < j, heads precede "
-                             "their dependents in prefix notation)")
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=None,
-                        help="GNN rounds (default: max depth + 1)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--out", default="results")
-    parser.add_argument("--quick", action="store_true", help="a < 60 s version")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> dict:
+    p = parser(__doc__, quick="a < 60 s version", threads=1)
+    p.add_argument("--seeds", type=int, default=3, help="number of seeds (from --seed on)")
+    p.add_argument("--models", default="arborescence,independent",
+                   help="comma-separated: arborescence, independent, gold")
+    p.add_argument("--n-train", type=int, default=12000)
+    p.add_argument("--n-test", type=int, default=1000)
+    p.add_argument("--max-length", type=int, default=25)
+    p.add_argument("--max-depth", type=int, default=3)
+    p.add_argument("--max-args", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--tau", type=float, default=1.0)
+    p.add_argument("--hard", action="store_true",
+                   help="straight-through: exact max arborescence / thresholded arcs forward")
+    p.add_argument("--all-arcs", action="store_true",
+                   help="allow every arc (default: only i -> j with i < j, heads precede "
+                        "their dependents in prefix notation)")
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=None,
+                   help="GNN rounds (default: max depth + 1)")
+    args = p.parse_args(argv)
     if args.quick:
         args.seeds, args.n_train, args.n_test, args.epochs = 1, 1500, 300, 2
         args.max_length = 18
     args.rounds = args.rounds or args.max_depth + 1
-    torch.set_num_threads(args.threads)
+    # validation (connectivity BFS, finiteness) on every training step costs host syncs; the
+    # masks are built correct by construction
+    with session(args) as out, perturb.set_validation(False):
+        return _run(args, out)
+
+
+def _run(args, out) -> dict:
     device = torch.device(args.device)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-
     results = {m: [] for m in models}
     curves = {m: [] for m in models}
     last = {}
     t0 = time.time()
     seeds = range(args.seed, args.seed + args.seeds)
-    bar = tqdm(total=len(seeds) * len(models) * args.epochs, desc="listops")
-    # validation (connectivity BFS, finiteness) on every training step costs host syncs; the
-    # masks are built correct by construction
-    perturb.set_validation(False)
+    bar = progress(total=len(seeds) * len(models) * args.epochs, desc="listops",
+                   disable=args.no_progress)
     for seed in seeds:
-        g = torch.Generator().manual_seed(seed)
+        g = generator(seed)
         kw = dict(max_depth=args.max_depth, max_args=args.max_args, max_length=args.max_length)
         train = make_listops(args.n_train, generator=g, **kw)
         test = make_listops(args.n_test, generator=g, **kw)
@@ -182,46 +163,52 @@ def main() -> None:
              f"{'all arcs allowed' if args.all_arcs else 'arcs i → j only for i < j'}. "
              "Mean ± std over seeds (%); precision/recall of the "
              "mode graph's arcs against the gold parse. Seed: Paulus et al. 2020 (full scale).",
-             "", "| latent graph | test acc. | edge precision | edge recall | time/run (s) "
-             "| seed acc. | seed precision | seed recall |", "|---|---|---|---|---|---|---|---|"]
-    for m, rs in results.items():
-        sa, sp, sr = SEED.get(m, ("", "", ""))
-        lines.append(f"| {m} | {_ms([r[0] for r in rs])} | {_ms([r[1] for r in rs])} | "
-                     f"{_ms([r[2] for r in rs])} | {statistics.mean(r[3] for r in rs):.0f} | "
-                     f"{sa} | {sp} | {sr} |")
-    lines += ["", f"Wall time {wall:.0f} s ({args.threads} thread(s), device {args.device})."]
+             "", md_table(["latent graph", "test acc.", "edge precision", "edge recall",
+                           "time/run (s)", "seed acc.", "seed precision", "seed recall"],
+                          [(m, *(mean_std([r[i] for r in rs], 1, 100) for i in range(3)),
+                            f"{statistics.mean(r[3] for r in rs):.0f}", *SEED.get(m, ("", "", "")))
+                           for m, rs in results.items()]),
+             "", f"Wall time {wall:.0f} s ({args.threads} thread(s), device {args.device})."]
     table = "\n".join(lines) + "\n"
-    (out / "listops.md").write_text(table)
+    summary = {"seeds": list(seeds), "chance_accuracy": 0.1,
+               **{m: {"accuracy": [r[0] for r in rs], "precision": [r[1] for r in rs],
+                      "recall": [r[2] for r in rs], "seconds": [r[3] for r in rs],
+                      "curves": curves[m]} for m, rs in results.items()}}
+    write_results(out, "listops", table, summary)
     print(table)
 
-    fig, axes = plt.subplots(1, 2 + len(models), figsize=(5 * (2 + len(models)), 4.2))
-    for m, cs in curves.items():
-        for k, c in enumerate(cs):
-            axes[0].plot(range(1, len(c) + 1), c, color=f"C{models.index(m)}", alpha=0.8,
-                         label=m if k == 0 else None)
-    axes[0].set_xlabel("epoch")
-    axes[0].set_ylabel("test accuracy (mode graph)")
-    axes[0].legend()
     j = int(torch.argmax(test.lengths))                     # the longest test expression
     n = int(test.lengths[j])
     tok, lens, heads = test.tokens[j:j + 1, :n], test.lengths[j:j + 1], test.heads[j:j + 1, :n]
     words = [LISTOPS_VOCAB[t] for t in tok[0]]
-    panels = [(gold_arborescence(heads)[0], "gold parse")]
-    for m, model in last.items():
-        model.eval()
-        with torch.no_grad():
-            mode = model(tok.to(device), lens.to(device), heads.to(device))[1][0].cpu()
-        panels.append((mode, f"mode graph ({m}, seed {seeds[-1]})"))
-    for ax, (M, title) in zip(axes[1:], panels):
-        ax.imshow(M.numpy(), cmap="Greys", vmin=0, vmax=1)
-        ax.set_xticks(range(n), words, rotation=90, fontsize=7)
-        ax.set_yticks(range(n), words, fontsize=7)
-        ax.set_xlabel("dependent j")
-        ax.set_ylabel("head i")
-        ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(out / "listops.png", dpi=120)
-    print(f"wrote {out / 'listops.md'} and {out / 'listops.png'}")
+
+    def draw(plt):
+        fig, axes = plt.subplots(1, 2 + len(models), figsize=(5 * (2 + len(models)), 4.2))
+        for m, cs in curves.items():
+            for k, c in enumerate(cs):
+                axes[0].plot(range(1, len(c) + 1), c, color=f"C{models.index(m)}", alpha=0.8,
+                             label=m if k == 0 else None)
+        axes[0].set_xlabel("epoch")
+        axes[0].set_ylabel("test accuracy (mode graph)")
+        axes[0].legend()
+        panels = [(gold_arborescence(heads)[0], "gold parse")]
+        for m, model in last.items():
+            model.eval()
+            with torch.no_grad():
+                mode = model(tok.to(device), lens.to(device), heads.to(device))[1][0].cpu()
+            panels.append((mode, f"mode graph ({m}, seed {seeds[-1]})"))
+        for ax, (M, title) in zip(axes[1:], panels):
+            ax.imshow(M.numpy(), cmap="Greys", vmin=0, vmax=1)
+            ax.set_xticks(range(n), words, rotation=90, fontsize=7)
+            ax.set_yticks(range(n), words, fontsize=7)
+            ax.set_xlabel("dependent j")
+            ax.set_ylabel("head i")
+            ax.set_title(title)
+        return fig
+
+    save_plot(out / "listops.png", draw)
+    print(f"wrote {out / 'listops.md'}, .json and .png")
+    return summary
 
 
 if __name__ == "__main__":

@@ -17,39 +17,27 @@ Run ``python examples/quickstart.py --quick`` (a few seconds); outputs go to ``-
 """
 from __future__ import annotations
 
-import argparse
 import math
 import pathlib
 import time
 import warnings
 
-import matplotlib
+import torch
+from _common import generator, md_table, parser, progress, save_plot, session, write_results
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-import perturb  # noqa: E402
-from perturb import Gumbel, Normal, Simplex, SquaredNorm  # noqa: E402
-from perturb.categorical import gumbel_softmax, softmax, sparsemax  # noqa: E402
-
-
-def _md_table(header: list[str], rows: list[list]) -> str:
-    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
-    return "\n".join(lines)
+import perturb
+from perturb import Gumbel, Normal, Simplex, SquaredNorm
+from perturb.categorical import gumbel_softmax, softmax, sparsemax
 
 
 # --------------------------------------------------------------------------------------------
 # section 1: relaxations on a toy problem
 # --------------------------------------------------------------------------------------------
 
-def section_relaxations(args, out: pathlib.Path) -> str:
+def section_relaxations(args, out: pathlib.Path, results: dict) -> str:
     """softmax / sparsemax / Gumbel-softmax / straight-through on one score vector."""
     theta = torch.tensor([1.0, 0.6, 0.2, -0.5, -1.0], dtype=torch.float64, device=args.device)
-    gen = torch.Generator(device=args.device).manual_seed(args.seed)
+    gen = generator(args.seed, args.device)
     rows, bars = [], {}
     for tau in (0.1, 0.5, 2.0):
         bars[f"softmax τ={tau}"] = softmax(theta, tau=tau)
@@ -61,20 +49,22 @@ def section_relaxations(args, out: pathlib.Path) -> str:
         theta, Simplex(), Normal(), SquaredNorm(), tau=0.5, generator=gen)
     for name, y in bars.items():
         rows.append([name] + [round(float(v), 3) for v in y] + [int((y > 0).sum())])
+    results["relaxations"] = {r[0]: {"x": r[1:6], "support": r[6]} for r in rows}
 
-    fig, ax = plt.subplots(figsize=(10, 3.5))
-    width = 0.8 / len(bars)
-    for k, (name, y) in enumerate(bars.items()):
-        ax.bar(torch.arange(5) + k * width, y.cpu(), width, label=name)
-    ax.set_xticks(torch.arange(5) + 0.4 - width / 2, [f"θ={v:g}" for v in theta.tolist()])
-    ax.set_ylabel("probability")
-    ax.set_title("Regularized argmax on the simplex (one sample for the stochastic ones)")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out / "quickstart_relaxations.png", dpi=120)
-    plt.close(fig)
+    def draw(plt):
+        fig, ax = plt.subplots(figsize=(10, 3.5))
+        width = 0.8 / len(bars)
+        for k, (name, y) in enumerate(bars.items()):
+            ax.bar(torch.arange(5) + k * width, y.cpu(), width, label=name)
+        ax.set_xticks(torch.arange(5) + 0.4 - width / 2, [f"θ={v:g}" for v in theta.tolist()])
+        ax.set_ylabel("probability")
+        ax.set_title("Regularized argmax on the simplex (one sample for the stochastic ones)")
+        ax.legend(fontsize=7, ncol=2)
+        return fig
+
+    save_plot(out / "quickstart_relaxations.png", draw)
     return ("## Relaxations of θ = (1, 0.6, 0.2, −0.5, −1)\n\n"
-            + _md_table(["relaxation", "x1", "x2", "x3", "x4", "x5", "support"], rows)
+            + md_table(["relaxation", "x1", "x2", "x3", "x4", "x5", "support"], rows)
             + "\n\nsparsemax has exact zeros; as τ → 0 both tend to the one-hot argmax.\n")
 
 
@@ -110,13 +100,13 @@ def _estimates(noise, theta, c, tau, hard, n, gen) -> torch.Tensor:
     return g
 
 
-def section_gumbel_vs_gaussian(args, out: pathlib.Path) -> str:
+def section_gumbel_vs_gaussian(args, out: pathlib.Path, results: dict) -> str:
     """Bias and variance of relaxed gradient estimators against the exact gradient."""
     theta = torch.tensor([0.5, 0.0, -0.3, 0.8, -1.0], dtype=torch.float64, device=args.device)
     c = torch.tensor([1.0, -0.5, 2.0, 0.0, -1.0], dtype=torch.float64, device=args.device)
     n = 4_000 if args.quick else 40_000
     taus = [0.1, 0.2, 0.5, 1.0, 2.0]
-    gen = torch.Generator(device=args.device).manual_seed(args.seed)
+    gen = generator(args.seed, args.device)
     rows, curves = [], {}
     check = {}
     for noise_name, noise in (("Gumbel", Gumbel()), ("Gaussian", Normal())):
@@ -129,7 +119,7 @@ def section_gumbel_vs_gaussian(args, out: pathlib.Path) -> str:
         check[noise_name + " quad"] = float((noise.argmax_probs(theta) - probs).abs().max())
         label = f"{noise_name}-softmax"
         bias_curve, var_curve = [], []
-        for tau in tqdm(taus, desc=label, leave=False, disable=args.no_progress):
+        for tau in progress(taus, desc=label, leave=False, disable=args.no_progress):
             g = _estimates(noise, theta, c, tau, False, n, gen)
             bias = float((g.mean(0) - exact).norm())
             var = float(g.var(0).sum())
@@ -139,20 +129,25 @@ def section_gumbel_vs_gaussian(args, out: pathlib.Path) -> str:
             rows.append([label, tau, bias, se_bias, var, bias ** 2 + var])
         curves[label] = (bias_curve, var_curve)
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for label, (b, v) in curves.items():
-        axes[0].plot(taus, b, marker="o", label=label)
-        axes[1].plot(taus, v, marker="o", label=label)
-    for ax, title in zip(axes, ("bias ‖E[ĝ] − ∇f‖", "variance tr Cov[ĝ] (one sample)")):
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("temperature τ")
-        ax.set_title(title)
-    axes[0].legend(fontsize=7)
-    fig.suptitle("Gradient of E⟨c, onehot(argmax(θ + ε))⟩: relaxed estimators")
-    fig.tight_layout()
-    fig.savefig(out / "quickstart_gradients.png", dpi=120)
-    plt.close(fig)
+    results["gradients"] = {"n": n, "taus": taus, "check": check,
+                            "rows": [dict(zip(("estimator", "tau", "bias", "bias_se",
+                                                "variance", "mse"), r)) for r in rows]}
+
+    def draw(plt):
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        for label, (b, v) in curves.items():
+            axes[0].plot(taus, b, marker="o", label=label)
+            axes[1].plot(taus, v, marker="o", label=label)
+        for ax, title in zip(axes, ("bias ‖E[ĝ] − ∇f‖", "variance tr Cov[ĝ] (one sample)")):
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("temperature τ")
+            ax.set_title(title)
+        axes[0].legend(fontsize=7)
+        fig.suptitle("Gradient of E⟨c, onehot(argmax(θ + ε))⟩: relaxed estimators")
+        return fig
+
+    save_plot(out / "quickstart_gradients.png", draw)
     return ("## Gumbel- vs Gaussian-softmax gradient estimators\n\n"
             f"Objective f(θ) = E⟨c, onehot(argmax(θ + ε))⟩, θ = {theta.tolist()}, "
             f"c = {c.tolist()}; {n} single-sample estimates per row. The exact gradient is "
@@ -161,13 +156,13 @@ def section_gumbel_vs_gaussian(args, out: pathlib.Path) -> str:
             f"frequency − exact probability|: Gumbel {check['Gumbel']:.3g}, "
             f"Gaussian {check['Gaussian']:.3g}; |this quadrature − Normal().argmax_probs|: "
             f"{check['Gaussian quad']:.2g}).\n\n"
-            + _md_table(["estimator", "τ", "bias", "bias SE", "variance", "MSE"], rows)
+            + md_table(["estimator", "τ", "bias", "bias SE", "variance", "MSE"], rows)
             + "\n\nSmaller τ: less bias, more variance (bias SE: the Monte-Carlo error of the "
               "bias column). The straight-through estimator (``hard=True``) has exactly these "
               "gradients: only its forward value changes (to the exact one-hot).\n")
 
 
-def section_structures(args, out: pathlib.Path) -> str:
+def section_structures(args, out: pathlib.Path, results: dict) -> str:
     """One call for every structure: relax(θ, structure, noise, tau) → exact argmax as τ → 0."""
     from perturb import argmax, regularized_argmax
     from perturb import perturb as perturb_scores
@@ -193,18 +188,19 @@ def section_structures(args, out: pathlib.Path) -> str:
             errors = [(regularized_argmax(u, structure, tau=t) - exact).abs().max().item()
                       for t in taus]
         rows.append([name] + [f"{e:.3g}" for e in errors])
-    boxes = _box_demo()
+        results.setdefault("structures", {"taus": taus})[name] = errors
+    boxes = _box_demo(results)
     return ("## One abstraction, every structure\n\n"
             "max |X_τ − X| between the regularized argmax of one Gumbel-perturbed score and the "
             "exact argmax of the same score (trees use the exponential-family regularizer: the "
             "Gibbs marginals at temperature τ):\n\n"
-            + _md_table(["structure"] + [f"τ = {t}" for t in taus], rows)
+            + md_table(["structure"] + [f"τ = {t}" for t in taus], rows)
             + "\n\nSinkhorn (20,000 iterations here) converges slowly at small τ — the number "
               "of iterations grows like 1/τ — so its last columns show the unconverged marginal "
               "error rather than the τ-bias; `sinkhorn` warns when that happens.\n\n" + boxes)
 
 
-def _box_demo() -> str:
+def _box_demo(results: dict) -> str:
     from perturb.boxes import Box, containment_prob, volume
 
     parent = Box(torch.tensor([0.0, 0.0]), torch.tensor([1.0, 1.0]))
@@ -217,14 +213,16 @@ def _box_demo() -> str:
                      f"{containment_prob(parent, child, beta=beta).item():.4f}",
                      f"{containment_prob(child, parent, beta=beta).item():.4f}",
                      f"{containment_prob(far, child, beta=beta).item():.3g}"])
+    results["boxes"] = {r[0]: [float(v) for v in r[1:]] for r in rows}
     return ("Gumbel boxes: volumes and containment probabilities P(b ⊆ a) approach the hard "
             "ones as β → 0, but stay positive (and have gradients) for disjoint boxes:\n\n"
-            + _md_table(["boxes", "Vol(parent)", "P(child ⊆ parent)", "P(parent ⊆ child)",
+            + md_table(["boxes", "Vol(parent)", "P(child ⊆ parent)", "P(parent ⊆ child)",
                          "P(child ⊆ far box)"], rows) + "\n")
 
 
-# >>> DEMO SECTIONS: each is `section(args, out_dir) -> markdown`; the lead appends the
-# >>> demos of other structures (permutations, subsets, trees, boxes) to this list.
+# >>> DEMO SECTIONS: each is `section(args, out_dir, results) -> markdown`, its numbers put in
+# >>> `results`; the lead appends the demos of other structures (permutations, subsets, trees,
+# >>> boxes) to this list.
 SECTIONS = [
     section_relaxations,
     section_gumbel_vs_gaussian,
@@ -232,26 +230,21 @@ SECTIONS = [
 ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="results", help="output directory (default: results/)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--quick", action="store_true", help="fewer samples (a few seconds)")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    args = parser.parse_args()
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(args.seed)
-    start = time.perf_counter()
-    parts = ["# perturb quickstart\n"]
-    for section in tqdm(SECTIONS, desc="sections", disable=args.no_progress):
-        text = section(args, out)
-        print(text)
-        parts.append(text)
-    (out / "quickstart.md").write_text("\n".join(parts))
-    print(f"wrote {out / 'quickstart.md'} and PNG plots in {time.perf_counter() - start:.1f} s")
+def main(argv: list[str] | None = None) -> dict:
+    p = parser(__doc__, quick="fewer samples (a few seconds)")
+    args = p.parse_args(argv)
+    results: dict = {}
+    with session(args) as out:
+        start = time.perf_counter()
+        parts = ["# perturb quickstart\n"]
+        for section in progress(SECTIONS, desc="sections", disable=args.no_progress):
+            text = section(args, out, results)
+            print(text)
+            parts.append(text)
+        write_results(out, "quickstart", "\n".join(parts), results)
+        print(f"wrote {out / 'quickstart.md'}, .json and PNG plots in "
+              f"{time.perf_counter() - start:.1f} s")
+    return results
 
 
 if __name__ == "__main__":

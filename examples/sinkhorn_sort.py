@@ -20,21 +20,15 @@ reproduces that.
 """
 from __future__ import annotations
 
-import argparse
-import pathlib
 import time
 import warnings
 
-import matplotlib
+import torch
+from _common import generator, md_table, parser, progress, save_plot, session, write_results
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-import perturb  # noqa: E402
-from perturb.structured import gumbel_sinkhorn, matching, sinkhorn  # noqa: E402
-from perturb.structured.permutations import SinkhornConvergenceWarning  # noqa: E402
+import perturb
+from perturb.structured import gumbel_sinkhorn, matching, sinkhorn
+from perturb.structured.permutations import SinkhornConvergenceWarning
 
 
 class Scorer(torch.nn.Module):
@@ -53,7 +47,8 @@ def train(n: int, noise, args, device, generator) -> tuple[Scorer, list[float]]:
     model = Scorer(n).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     losses = []
-    for _ in tqdm(range(args.epochs), desc=f"N={n:>2} {type(noise).__name__:<7}", leave=False):
+    for _ in progress(range(args.epochs), desc=f"N={n:>2} {type(noise).__name__:<7}", leave=False,
+                      disable=args.no_progress):
         x = torch.rand(args.batch, n, generator=generator, device=device)
         target = x.sort(-1).values
         log_alpha = model(x)
@@ -79,29 +74,27 @@ def evaluate(model: Scorer, n: int, n_test: int, generator, device) -> tuple[flo
     return float(wrong.mean()), float(wrong.amax(-1).mean())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--epochs", type=int, default=300, help="training steps per run")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[5, 10, 20, 50])
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--samples", type=int, default=3, help="noise samples per list")
-    parser.add_argument("--tau", type=float, default=1.0)
-    parser.add_argument("--iters", type=int, default=20, help="Sinkhorn iterations")
-    parser.add_argument("--backward", default="unroll", choices=["unroll", "implicit"],
-                        help="Sinkhorn gradient; 'implicit' is wrong for the unconverged "
-                             "20-iteration plans used here (see above)")
-    parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--n-test", type=int, default=2000)
-    parser.add_argument("--out", default="results")
-    parser.add_argument("--quick", action="store_true", help="small run (< 60 s)")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> dict:
+    p = parser(__doc__, quick="small run (< 60 s)")
+    p.add_argument("--epochs", type=int, default=300, help="training steps per run")
+    p.add_argument("--sizes", type=int, nargs="+", default=[5, 10, 20, 50])
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--samples", type=int, default=3, help="noise samples per list")
+    p.add_argument("--tau", type=float, default=1.0)
+    p.add_argument("--iters", type=int, default=20, help="Sinkhorn iterations")
+    p.add_argument("--backward", default="unroll", choices=["unroll", "implicit"],
+                   help="Sinkhorn gradient; 'implicit' is wrong for the unconverged "
+                        "20-iteration plans used here (see above)")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--n-test", type=int, default=2000)
+    args = p.parse_args(argv)
     if args.quick:
         args.epochs, args.sizes, args.n_test = 150, [5, 10], 500
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    with session(args) as out:
+        return _run(args, out)
+
+
+def _run(args, out) -> dict:
     device = torch.device(args.device)
     warnings.simplefilter("ignore", SinkhornConvergenceWarning)  # few iterations, on purpose
 
@@ -111,15 +104,14 @@ def main() -> None:
     for n in args.sizes:
         for name, noise in noises.items():
             torch.manual_seed(args.seed)                  # the MLP's initial weights
-            g = torch.Generator(device).manual_seed(args.seed)  # training lists and noise
+            g = generator(args.seed, device)              # training lists and noise
             model, losses = train(n, noise, args, device, g)
             prop_wrong, any_wrong = evaluate(model, n, args.n_test,
-                                             torch.Generator(device).manual_seed(args.seed + 1),
-                                             device)
+                                             generator(args.seed + 1, device), device)
             results.append((n, name, prop_wrong, any_wrong, losses[-1]))
             models[(n, name)] = model
-            tqdm.write(f"N={n:>2} {name:<8} wrongly placed {prop_wrong:.3f}  lists with an error "
-                       f"{any_wrong:.3f}  final loss {losses[-1]:.4f}")
+            print(f"N={n:>2} {name:<8} wrongly placed {prop_wrong:.3f}  lists with an error "
+                  f"{any_wrong:.3f}  final loss {losses[-1]:.4f}")
 
     lines = ["# Learning to sort with Gumbel-Sinkhorn", "",
              f"{args.epochs} steps of batch {args.batch} x {args.samples} noise samples, "
@@ -127,36 +119,43 @@ def main() -> None:
              f"lr {args.lr}, seed {args.seed}; "
              f"{args.n_test} fresh test lists, Hungarian matching of the noiseless scores. "
              f"Total time {time.time() - t0:.0f} s.", "",
-             "| N | noise | prop. wrongly placed | prop. lists with any error | final train loss |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {n} | {name} | {pw:.5f} | {aw:.4f} | {lo:.4f} |"
-              for n, name, pw, aw, lo in results]
-    (out / "sinkhorn_sort.md").write_text("\n".join(lines) + "\n")
+             md_table(["N", "noise", "prop. wrongly placed", "prop. lists with any error",
+                       "final train loss"],
+                      [(n, name, f"{pw:.5f}", f"{aw:.4f}", f"{lo:.4f}")
+                       for n, name, pw, aw, lo in results])]
+    summary = {"rows": [dict(zip(("n", "noise", "prop_wrong", "prop_lists_wrong", "final_loss"),
+                                 r)) for r in results],
+               "chance_prop_wrong": {n: 1 - 1 / n for n in args.sizes}}
+    write_results(out, "sinkhorn_sort", "\n".join(lines), summary)
     print("\n".join(lines))
 
     # plot: a learned soft permutation (noiseless Sinkhorn) and the error rates
     n_show = min(args.sizes, key=lambda s: abs(s - 10))
     model = models[(n_show, "Gumbel")]
-    x = torch.rand(1, n_show, generator=torch.Generator().manual_seed(args.seed + 2)).to(device)
+    x = torch.rand(1, n_show, generator=generator(args.seed + 2)).to(device)
     with torch.no_grad():
         P = sinkhorn(model(x), tau=args.tau, n_iters=200)[0].cpu()
     order = x[0].cpu().argsort()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    im = axes[0].imshow(P[order], cmap="viridis", vmin=0, vmax=1)
-    axes[0].set_title(f"learned soft permutation (N={n_show}, rows by value)")
-    axes[0].set_xlabel("position")
-    axes[0].set_ylabel("element (sorted by value)")
-    fig.colorbar(im, ax=axes[0])
-    for name, marker in (("Gumbel", "o"), ("Gaussian", "s")):
-        pts = [(n, pw) for n, nm, pw, _, _ in results if nm == name]
-        axes[1].plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=name)
-    axes[1].set_xlabel("N")
-    axes[1].set_ylabel("proportion wrongly placed")
-    axes[1].set_title("test error")
-    axes[1].legend()
-    fig.tight_layout()
-    fig.savefig(out / "sinkhorn_sort.png", dpi=120)
-    print(f"wrote {out / 'sinkhorn_sort.md'} and {out / 'sinkhorn_sort.png'}")
+
+    def draw(plt):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+        im = axes[0].imshow(P[order], cmap="viridis", vmin=0, vmax=1)
+        axes[0].set_title(f"learned soft permutation (N={n_show}, rows by value)")
+        axes[0].set_xlabel("position")
+        axes[0].set_ylabel("element (sorted by value)")
+        fig.colorbar(im, ax=axes[0])
+        for name, marker in (("Gumbel", "o"), ("Gaussian", "s")):
+            pts = [(n, pw) for n, nm, pw, _, _ in results if nm == name]
+            axes[1].plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=name)
+        axes[1].set_xlabel("N")
+        axes[1].set_ylabel("proportion wrongly placed")
+        axes[1].set_title("test error")
+        axes[1].legend()
+        return fig
+
+    save_plot(out / "sinkhorn_sort.png", draw)
+    print(f"wrote {out / 'sinkhorn_sort.md'}, .json and .png")
+    return summary
 
 
 if __name__ == "__main__":

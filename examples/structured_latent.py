@@ -18,40 +18,28 @@ Run ``python examples/structured_latent.py --help``; ``--quick`` is a < 60 s ver
 from __future__ import annotations
 
 import argparse
-import pathlib
-import sys
 import time
 
-import matplotlib
+import torch
+from _common import command_line, generator, md_table, mean_std, minibatches, parser, progress
+from _common import save_plot, session, write_results
+from torch import nn
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from perturb import Gumbel, Normal  # noqa: E402
-from perturb.latent import SubsetSelector, binarized_digits  # noqa: E402
+from perturb import Gumbel, Normal
+from perturb.latent import SubsetSelector, binarized_digits
 
 NOISES = {"Gumbel": Gumbel(), "Gaussian": Normal()}
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--seed", type=int, default=0, help="base seed (seeds are seed, seed+1, ...)")
-    p.add_argument("--n-seeds", type=int, default=3)
-    p.add_argument("--device", default="cpu")
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = parser(__doc__.split("\n\n")[0], quick="a < 60 s version (make demo)", threads=1)
+    p.add_argument("--n-seeds", type=int, default=3, help="seeds are --seed, --seed + 1, ...")
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--ks", type=int, nargs="+", default=[4, 8, 16], help="subset sizes k")
     p.add_argument("--tau", type=float, default=0.5, help="temperature of the relaxation")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--batch-size", type=int, default=100)
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (1 is fastest on a shared machine)")
-    p.add_argument("--out", default="results", help="output directory")
-    p.add_argument("--quick", action="store_true", help="a < 60 s version (make demo)")
     args = p.parse_args(argv)
     if args.quick:
         args.epochs, args.n_seeds, args.ks = 6, 2, [8]
@@ -76,12 +64,10 @@ def fit(model: nn.Module, data, args, seed: int) -> tuple[float, torch.Tensor]:
     """Train with cross-entropy; returns test accuracy and the mean test mask (selection map)."""
     x_tr, y_tr, x_te, y_te = data
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    shuffle = torch.Generator().manual_seed(seed)
+    shuffle = generator(seed)
     model.train()
     for _ in range(args.epochs):
-        perm = torch.randperm(len(x_tr), generator=shuffle).to(x_tr.device)
-        for i in range(0, len(x_tr), args.batch_size):
-            idx = perm[i:i + args.batch_size]
+        for idx in minibatches(len(x_tr), args.batch_size, shuffle, x_tr.device):
             logits, _ = model(x_tr[idx])
             loss = nn.functional.cross_entropy(logits, y_tr[idx])
             opt.zero_grad()
@@ -94,17 +80,15 @@ def fit(model: nn.Module, data, args, seed: int) -> tuple[float, torch.Tensor]:
     return acc, mask.float().mean(0).cpu()
 
 
-def mean_std(values) -> str:
-    t = torch.tensor(values, dtype=torch.float64)
-    s = float(t.std()) if len(t) > 1 else 0.0
-    return f"{float(t.mean()):.3f} ± {s:.3f}"
-
-
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    with session(args) as out:
+        return _run(args, out, command_line("structured_latent.py", argv))
+
+
+def _run(args, out, cmd: str) -> dict:
     device = torch.device(args.device)
-    x_tr, y_tr, x_te, y_te = binarized_digits(generator=torch.Generator().manual_seed(0))
+    x_tr, y_tr, x_te, y_te = binarized_digits(generator=generator(0))
     data = tuple(t.to(device) for t in (x_tr, y_tr, x_te, y_te))
     n = x_tr.shape[1]
     seeds = [args.seed + i for i in range(args.n_seeds)]
@@ -115,15 +99,15 @@ def main(argv=None) -> None:
     acc: dict[tuple[str, int], list[float]] = {}
     maps: dict[tuple[str, int], torch.Tensor] = {}
     t0 = time.perf_counter()
-    for name, nname, pe, k, seed in tqdm(runs, desc="selectors", unit="run"):
+    for name, nname, pe, k, seed in progress(runs, desc="selectors", unit="run",
+                                             disable=args.no_progress):
         torch.manual_seed(seed)
         if nname is not None:
             model = SubsetSelector(n, k, 10, args.hidden, noise=NOISES[nname], tau=args.tau,
                                    per_example=pe)
         else:
-            g = torch.Generator().manual_seed(10_000 + seed)
             mask = torch.zeros(n)
-            mask[torch.randperm(n, generator=g)[:k]] = 1.0
+            mask[torch.randperm(n, generator=generator(10_000 + seed))[:k]] = 1.0
             model = FixedMask(mask, 10, args.hidden)
         a, m = fit(model.to(device), data, args, seed)
         acc.setdefault((name, k), []).append(a)
@@ -131,56 +115,58 @@ def main(argv=None) -> None:
             maps[(name, k)] = m
     elapsed = time.perf_counter() - t0
 
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = "python examples/structured_latent.py " + " ".join(sys.argv[1:] if argv is None
-                                                             else argv)
     lines = ["# k-subset latent: selecting informative pixels of the digits", "",
-             f"Command: `{cmd.strip()}`", "",
+             f"Command: `{cmd}`", "",
              f"Binarised sklearn digits ({len(x_tr)} train / {len(x_te)} test), classifier MLP "
              f"of width {args.hidden}, Adam lr {args.lr}, {args.epochs} epochs, relaxation "
              f"relax(θ, KSubset(k), noise, tau={args.tau}, hard=True) in training and the exact "
              f"top-k at test time; seeds {seeds}; test accuracy mean ± std; total time "
              f"{elapsed:.0f} s.", "",
-             "| method | " + " | ".join(f"k = {k}" for k in args.ks) + " |",
-             "|---|" + "---|" * len(args.ks)]
-    for name, *_ in methods:
-        lines.append(f"| {name} | " + " | ".join(mean_std(acc[(name, k)]) for k in args.ks)
-                     + " |")
-    lines.append(f"| all 64 pixels | {mean_std(acc[('all 64 pixels', n)])} (k = 64) |"
-                 + " |" * (len(args.ks) - 1))
+             md_table(["method", *(f"k = {k}" for k in args.ks)],
+                      [(name, *(mean_std(acc[(name, k)]) for k in args.ks))
+                       for name, *_ in methods]
+                      + [("all 64 pixels", f"{mean_std(acc[('all 64 pixels', n)])} (k = 64)",
+                          *[""] * (len(args.ks) - 1))])]
     table = "\n".join(lines) + "\n"
-    (out / "structured_latent.md").write_text(table)
+    summary = {"seeds": seeds, "ks": args.ks,
+               "accuracy": {name: {str(k): acc[(name, k)] for k in args.ks}
+                            for name, *_ in methods},
+               "accuracy_all_pixels": acc[("all 64 pixels", n)]}
+    write_results(out, "structured_latent", table, summary)
     print(table)
 
     k_show = 8 if 8 in args.ks else args.ks[0]
     shown = [name for name, *_ in methods]
-    fig = plt.figure(figsize=(4 + 2.2 * len(shown), 3.8))
-    gs = fig.add_gridspec(1, 1 + len(shown), width_ratios=[2.2] + [1] * len(shown))
-    ax = fig.add_subplot(gs[0])
-    for name, *_ in methods:
-        vals = torch.tensor([acc[(name, k)] for k in args.ks], dtype=torch.float64)
-        sd = vals.std(1) if vals.shape[1] > 1 else torch.zeros(len(args.ks))
-        ax.errorbar(args.ks, vals.mean(1), sd, marker="o", capsize=3, label=name)
-    ax.axhline(sum(acc[("all 64 pixels", n)]) / len(seeds), color="k", ls="--", lw=1,
-               label="all 64 pixels")
-    ax.set_xlabel("k (pixels kept)")
-    ax.set_ylabel("test accuracy")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(args.ks, [str(k) for k in args.ks])
-    ax.minorticks_off()
-    ax.legend(fontsize=6)
-    for i, name in enumerate(shown):
-        a2 = fig.add_subplot(gs[1 + i])
-        a2.imshow(maps[(name, k_show)].view(8, 8), cmap="viridis", vmin=0, vmax=1)
-        a2.set_title(name.replace(" selector, ", "\n"), fontsize=7)
-        a2.set_xticks([])
-        a2.set_yticks([])
-    fig.suptitle(f"selected pixels (k = {k_show}, seed {seeds[0]}; per-example: frequency of "
-                 "selection over the test set)", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "structured_latent.png", dpi=120)
-    print(f"wrote {out / 'structured_latent.md'} and {out / 'structured_latent.png'}")
+
+    def draw(plt):
+        fig = plt.figure(figsize=(4 + 2.2 * len(shown), 3.8))
+        gs = fig.add_gridspec(1, 1 + len(shown), width_ratios=[2.2] + [1] * len(shown))
+        ax = fig.add_subplot(gs[0])
+        for name, *_ in methods:
+            vals = torch.tensor([acc[(name, k)] for k in args.ks], dtype=torch.float64)
+            sd = vals.std(1) if vals.shape[1] > 1 else torch.zeros(len(args.ks))
+            ax.errorbar(args.ks, vals.mean(1), sd, marker="o", capsize=3, label=name)
+        ax.axhline(sum(acc[("all 64 pixels", n)]) / len(seeds), color="k", ls="--", lw=1,
+                   label="all 64 pixels")
+        ax.set_xlabel("k (pixels kept)")
+        ax.set_ylabel("test accuracy")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(args.ks, [str(k) for k in args.ks])
+        ax.minorticks_off()
+        ax.legend(fontsize=6)
+        for i, name in enumerate(shown):
+            a2 = fig.add_subplot(gs[1 + i])
+            a2.imshow(maps[(name, k_show)].view(8, 8), cmap="viridis", vmin=0, vmax=1)
+            a2.set_title(name.replace(" selector, ", "\n"), fontsize=7)
+            a2.set_xticks([])
+            a2.set_yticks([])
+        fig.suptitle(f"selected pixels (k = {k_show}, seed {seeds[0]}; per-example: frequency "
+                     "of selection over the test set)", fontsize=8)
+        return fig
+
+    save_plot(out / "structured_latent.png", draw)
+    print(f"wrote {out / 'structured_latent.md'}, .json and .png")
+    return summary
 
 
 if __name__ == "__main__":

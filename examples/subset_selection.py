@@ -16,20 +16,15 @@ Run ``python examples/subset_selection.py --help``.
 """
 from __future__ import annotations
 
-import argparse
-import pathlib
 import time
 
-import matplotlib
+import torch
+from _common import generator, md_table, minibatches, parser, progress, save_plot, session
+from _common import write_results
+from torch import nn
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-import perturb  # noqa: E402
-from perturb.structured import KSubset, topk  # noqa: E402
+import perturb
+from perturb.structured import KSubset, topk
 
 K = 4
 GROUPS = {True: [0, 1, 2, 3], False: [0, 4, 5, 6]}
@@ -52,7 +47,7 @@ def mlp(n_in: int, n_out: int, hidden: int = 64) -> nn.Module:
                          nn.Linear(hidden, n_out))
 
 
-def train_one(noise, regularizer, data, args, generator, device):
+def train_one(noise, regularizer, data, args, gen, device):
     x_tr, y_tr, x_te, y_te, t_te = data
     n = x_tr.shape[1]
     selector, predictor = mlp(n, n).to(device), mlp(n, 1).to(device)
@@ -60,13 +55,13 @@ def train_one(noise, regularizer, data, args, generator, device):
     loss_fn = nn.BCEWithLogitsLoss()
     history = []
     for _ in range(args.epochs):
-        perm = torch.randperm(len(x_tr), generator=generator).to(device)
-        for i in range(0, len(x_tr), args.batch_size):
-            idx = perm[i:i + args.batch_size]
+        # the shuffle and the noise share one generator on `device` (the permutation is drawn
+        # on the generator's device: a CUDA generator cannot drive a CPU randperm)
+        for idx in minibatches(len(x_tr), args.batch_size, gen):
             xb, yb = x_tr[idx], y_tr[idx]
             theta = selector(xb)
             mask = perturb.relax(theta, KSubset(K), noise, regularizer, tau=args.tau,
-                                 generator=generator)
+                                 generator=gen)
             loss = loss_fn(predictor(xb * mask).squeeze(-1), yb)
             opt.zero_grad()
             loss.backward()
@@ -79,29 +74,28 @@ def train_one(noise, regularizer, data, args, generator, device):
     return precision, acc, history
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--epochs", type=int, default=15)
-    parser.add_argument("--n-train", type=int, default=4000)
-    parser.add_argument("--n-features", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=100)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--tau", type=float, default=0.5)
-    parser.add_argument("--out", default="results", help="output directory")
-    parser.add_argument("--quick", action="store_true", help="a < 60 s version")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> dict:
+    p = parser(__doc__.split("\n\n")[0], quick="a < 60 s version")
+    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--n-train", type=int, default=4000)
+    p.add_argument("--n-features", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=100)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--tau", type=float, default=0.5)
+    args = p.parse_args(argv)
     if args.quick:
         args.epochs, args.n_train = 4, 1500
-    torch.manual_seed(args.seed)
+    with session(args) as out:
+        return _run(args, out)
+
+
+def _run(args, out) -> dict:
     device = torch.device(args.device)
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = generator(args.seed)
     x_tr, y_tr, _ = make_data(args.n_train, args.n_features, gen)
     x_te, y_te, t_te = make_data(2000, args.n_features, gen)
     data = [t.to(device) for t in (x_tr, y_tr, x_te, y_te, t_te)]
-    noise_gen = torch.Generator(device=device).manual_seed(args.seed)
+    noise_gen = generator(args.seed, device)
 
     runs = [(nname, noise, rname, reg)
             for nname, noise in (("Gumbel", perturb.Gumbel()), ("Gaussian", perturb.Normal()))
@@ -110,46 +104,52 @@ def main() -> None:
                                ("BinaryEntropy", perturb.BinaryEntropy()),
                                ("SquaredNorm", perturb.SquaredNorm()))]
     results = []
-    for nname, noise, rname, reg in tqdm(runs, desc="relaxations"):
+    for nname, noise, rname, reg in progress(runs, desc="relaxations", disable=args.no_progress):
         torch.manual_seed(args.seed)
         t0 = time.perf_counter()
         precision, acc, hist = train_one(noise, reg, data, args, noise_gen, device)
         results.append((nname, rname, precision, acc, time.perf_counter() - t0, hist))
 
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    chance = K / args.n_features
     lines = ["# Learning to explain with relaxed top-k", "",
              f"n = {args.n_features} features, k = {K}, {args.n_train} training samples, "
              f"{args.epochs} epochs, tau = {args.tau}, seed {args.seed}. "
              "Precision = |selected ∩ true| / k on 2000 test points (chance "
-             f"{K / args.n_features:.2f}); accuracy of the predictor on the exact top-k.", "",
-             "| noise | regularizer | selection precision | test accuracy | train time (s) |",
-             "|---|---|---|---|---|"]
-    for nname, rname, p, a, t, _ in results:
-        lines.append(f"| {nname} | {rname} | {p:.3f} | {a:.3f} | {t:.1f} |")
+             f"{chance:.2f}); accuracy of the predictor on the exact top-k.", "",
+             md_table(["noise", "regularizer", "selection precision", "test accuracy",
+                       "train time (s)"],
+                      [(nname, rname, f"{p:.3f}", f"{a:.3f}", f"{t:.1f}")
+                       for nname, rname, p, a, t, _ in results])]
     table = "\n".join(lines) + "\n"
-    (out / "subset_selection.md").write_text(table)
+    summary = {"chance_precision": chance,
+               "runs": [dict(zip(("noise", "regularizer", "precision", "accuracy", "seconds",
+                                  "loss_history"), r)) for r in results]}
+    write_results(out, "subset_selection", table, summary)
     print(table)
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    labels = [f"{n[:3]}/{r}" for n, r, *_ in results]
-    pos = range(len(results))
-    axes[0].bar([p - 0.2 for p in pos], [r[2] for r in results], 0.4, label="precision")
-    axes[0].bar([p + 0.2 for p in pos], [r[3] for r in results], 0.4, label="test accuracy")
-    axes[0].axhline(K / args.n_features, color="gray", ls="--", lw=1, label="chance precision")
-    axes[0].set_xticks(list(pos), labels, rotation=45, ha="right", fontsize=8)
-    axes[0].set_ylim(0, 1.05)
-    axes[0].legend(fontsize=8, loc="lower left")
-    axes[0].set_title("selection precision and accuracy")
-    for (nname, rname, *_, hist) in results:
-        axes[1].plot(hist, label=f"{nname[:3]}/{rname}", ls="-" if nname == "Gumbel" else "--")
-    axes[1].set_xlabel("epoch")
-    axes[1].set_ylabel("last-batch training loss")
-    axes[1].legend(fontsize=7)
-    axes[1].set_title("training")
-    fig.tight_layout()
-    fig.savefig(out / "subset_selection.png", dpi=120)
-    print(f"wrote {out / 'subset_selection.md'} and {out / 'subset_selection.png'}")
+    def draw(plt):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        labels = [f"{n[:3]}/{r}" for n, r, *_ in results]
+        pos = range(len(results))
+        axes[0].bar([p - 0.2 for p in pos], [r[2] for r in results], 0.4, label="precision")
+        axes[0].bar([p + 0.2 for p in pos], [r[3] for r in results], 0.4, label="test accuracy")
+        axes[0].axhline(chance, color="gray", ls="--", lw=1, label="chance precision")
+        axes[0].set_xticks(list(pos), labels, rotation=45, ha="right", fontsize=8)
+        axes[0].set_ylim(0, 1.05)
+        axes[0].legend(fontsize=8, loc="lower left")
+        axes[0].set_title("selection precision and accuracy")
+        for (nname, rname, *_, hist) in results:
+            axes[1].plot(hist, label=f"{nname[:3]}/{rname}",
+                         ls="-" if nname == "Gumbel" else "--")
+        axes[1].set_xlabel("epoch")
+        axes[1].set_ylabel("last-batch training loss")
+        axes[1].legend(fontsize=7)
+        axes[1].set_title("training")
+        return fig
+
+    save_plot(out / "subset_selection.png", draw)
+    print(f"wrote {out / 'subset_selection.md'}, .json and .png")
+    return summary
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Smoke test of examples/correlated_topk.py: the data and a one-epoch run of every selector."""
 import importlib.util
 import pathlib
+import sys
 
 import torch
 
@@ -8,6 +9,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _example():
+    if str(ROOT / "examples") not in sys.path:           # the scripts import _common beside them
+        sys.path.insert(0, str(ROOT / "examples"))
     spec = importlib.util.spec_from_file_location("example_correlated_topk",
                                                   ROOT / "examples/correlated_topk.py")
     module = importlib.util.module_from_spec(spec)
@@ -29,7 +32,7 @@ def test_data_has_one_contiguous_informative_span():
 def test_quick_run_writes_table_and_plot(tmp_path):
     ex = _example()
     ex.main(["--n-seeds", "1", "--epochs", "1", "--n-train", "200", "--n-test", "100",
-             "--d", "8", "--k", "3", "--out", str(tmp_path)])
+             "--d", "8", "--k", "3", "--out", str(tmp_path), "--no-progress"])
     table = (tmp_path / "correlated_topk.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| ") and "±" in line]
     assert len(rows) == len(ex.METHODS)
