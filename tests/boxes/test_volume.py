@@ -385,13 +385,19 @@ def test_fused_log_volume_gradcheck_and_helper():
                                 (0.4, 0.0, True), (3.0, 0.0, True)):
         assert torch.autograd.gradcheck(
             lambda a, b: _LogVolume.apply(a, b, scale, shift, exact)[0], (lo, hi))
-        out, t, aux = _LogVolume.apply(lo, hi, scale, shift, exact)
+        if exact:   # without a backward expected the forward saves u, not the slope q
+            assert torch.autograd.gradcheck(
+                lambda a, b: _LogVolume.apply(a, b, scale, shift, exact, False)[0], (lo, hi))
+        out, aux = _LogVolume.apply(lo, hi, scale, shift, exact)
         gout = torch.randn(3, generator=g, dtype=torch.float64)
         want_hi = torch.autograd.grad((out * gout).sum(), hi)[0]
-        # the helper with the saved k0e and with it recomputed
-        torch.testing.assert_close(
-            _log_volume_backward(t, gout, scale, exact, aux if exact else None), want_hi)
-        torch.testing.assert_close(_log_volume_backward(t, gout, scale, exact), want_hi)
+        # the helper with the saved slope (exact) or y (softplus), and from u
+        torch.testing.assert_close(_log_volume_backward(aux, gout, scale, exact, exact),
+                                   want_hi)
+        if exact:
+            u = math.log(2.0) - (hi - lo).detach() / (2 * scale)
+            torch.testing.assert_close(_log_volume_backward(u, gout, scale, True, False),
+                                       want_hi)
 
 
 def test_fused_and_elementwise_paths_agree():
