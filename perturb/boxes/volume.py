@@ -55,12 +55,11 @@ _SMALL_U = -20.0
 _SOFTPLUS_TAIL = -30.0
 
 # The piecewise-polynomial table of g and g' (module docstring): u in [_TAB_LO, _TAB_HI] in
-# intervals of width _TAB_H centred on the multiples of _TAB_H, degree _TAB_DEG in each.
+# intervals of width _TAB_H centred on the multiples of _TAB_H, degree _tab_degree(dtype) in each.
 # _TAB_H is a power of 2, so that v = u/_TAB_H and s = v − round(v) are exact in any dtype.
 _TAB_LO = _SMALL_U
 _TAB_HI = 36.0          # beyond: A = log k0e(z) + (u − 36)/2 and B = 1/2 to 1e-16 (1/(8z))
 _TAB_H = 0.125
-_TAB_DEG = 6
 _C_SMALL = _LOG2 - EULER_GAMMA       # K0(e^u) = c − u (1 + O(z² log z)) for u → −∞
 
 
@@ -110,22 +109,23 @@ def _k0_ratio_series(z: torch.Tensor, terms: int = 40) -> torch.Tensor:
     return num / (den * w + 1.0)
 
 
-@functools.lru_cache(maxsize=None)
-def _k0_tables(dtype: torch.dtype, device: torch.device
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Monomial coefficients of A and B on each interval: ``(both, A only, B only)`` of shapes
-    ``(2·(deg + 1), K)`` (rows A_0, B_0, A_1, B_1, ...), ``(deg + 1, K)``, ``(deg + 1, K)``, in
-    ``dtype`` on ``device`` (2-D and contiguous: ``index_select`` along the last dim is fast
-    only for them).
+def _tab_degree(dtype: torch.dtype) -> int:
+    """Degree of the table's polynomials: 6 for float64, 3 for float32 (interpolation errors
+    2e-15 and 2e-9, both far below the dtype's eps; the smaller table is half the work)."""
+    return 6 if dtype == torch.float64 else 3
 
-    Built once, in float64 on the CPU, by interpolating :func:`_k0_reference` at the
-    deg + 1 Chebyshev–Lobatto points of each interval (the ends included, so the pieces join
-    continuously), as polynomials in s = u/h − round(u/h) ∈ [−1/2, 1/2]; then cast.
+
+@functools.lru_cache(maxsize=None)
+def _k0_coefficients(n: int) -> torch.Tensor:
+    """Monomial coefficients of A and B on each interval, degree ``n``, float64 on the CPU:
+    shape ``(2·(n + 1), K)``, rows A_0, B_0, A_1, B_1, ... (2-D and contiguous:
+    ``index_select`` along the last dim is fast only for those).
+
+    :func:`_k0_reference` interpolated at the n + 1 Chebyshev–Lobatto points of each interval
+    (the ends included, so the pieces join continuously), as polynomials in
+    s = u/h − round(u/h) ∈ [−1/2, 1/2].
     """
-    f64, cpu = torch.float64, torch.device("cpu")
-    if dtype != f64 or device != cpu:
-        return tuple(t.to(device=device, dtype=dtype) for t in _k0_tables(f64, cpu))
-    n = _TAB_DEG
+    f64 = torch.float64
     j = torch.arange(n + 1, dtype=f64)
     t = -torch.cos(math.pi * j / n)                         # nodes in [−1, 1]
     count = round((_TAB_HI - _TAB_LO) / _TAB_H) + 1
@@ -134,25 +134,54 @@ def _k0_tables(dtype: torch.dtype, device: torch.device
     vander = t[:, None] ** j                                # vander[i, m] = t_i^m
     coef = torch.linalg.solve(vander, torch.stack([a, b]).transpose(1, 2))   # (2, n + 1, K)
     coef = coef * (2.0 ** j)[:, None]                       # in s = t/2
-    both = coef.transpose(0, 1).reshape(2 * (n + 1), count).contiguous()
-    return both, coef[0].contiguous(), coef[1].contiguous()
+    return coef.transpose(0, 1).reshape(2 * (n + 1), count).contiguous()
+
+
+@functools.lru_cache(maxsize=None)
+def _k0_tables(dtype: torch.dtype, device: torch.device
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(both, A only, B only)`` coefficient tables (:func:`_k0_coefficients`) of the degree
+    for ``dtype`` (:func:`_tab_degree`), in ``dtype`` on ``device``."""
+    both = _k0_coefficients(_tab_degree(dtype)).to(device=device, dtype=dtype)
+    return both, both[0::2].contiguous(), both[1::2].contiguous()
+
+
+# Elements per chunk of :func:`_k0_poly` times coefficient rows gathered: the gathered
+# coefficients of a chunk stay near 4 MiB (float32) instead of growing with the input (a
+# (2·(n+1), N) gather of N = 1e6 elements is tens of MB, which the allocator maps afresh and
+# page-faults in on every call).
+_CHUNK = 1 << 20
 
 
 def _k0_poly(u: torch.Tensor, part: int) -> torch.Tensor:
     """The table's polynomials at clamp(u, _TAB_LO, _TAB_HI): ``part`` 0: A, 1: B (shape of
     ``u``), 2: both (shape ``(2, *u.shape)``). One gather of the coefficients and ``deg``
-    fused multiply-adds (Horner)."""
+    fused multiply-adds (Horner) per chunk of elements."""
     table = _k0_tables(u.dtype, u.device)[(1, 2, 0)[part]]
+    n = _tab_degree(u.dtype)
     v = u.clamp(_TAB_LO, _TAB_HI).mul_(1.0 / _TAB_H)
     k = torch.round(v)
     s = v.sub_(k).reshape(-1)                               # exact: |s| <= 1/2
-    cols = table.index_select(1, k.sub_(_TAB_LO / _TAB_H).reshape(-1).long())
-    if part == 2:
-        cols = cols.view(_TAB_DEG + 1, 2, -1)
-    acc = cols[_TAB_DEG]
-    for i in range(_TAB_DEG - 1, -1, -1):
-        acc = torch.addcmul(cols[i], acc, s)
+    idx = k.sub_(_TAB_LO / _TAB_H).reshape(-1).long()
+    step = max(1, _CHUNK // table.shape[0])
+    if idx.shape[0] <= step:
+        acc = _horner(table, idx, s, n, part == 2)
+    else:
+        acc = torch.cat([_horner(table, idx[lo:lo + step], s[lo:lo + step], n, part == 2)
+                         for lo in range(0, idx.shape[0], step)], dim=-1)
     return acc.reshape(acc.shape[:-1] + u.shape)
+
+
+def _horner(table: torch.Tensor, idx: torch.Tensor, s: torch.Tensor, n: int, both: bool
+            ) -> torch.Tensor:
+    """Σ_i table[i, idx]·s^i (per pair of rows when ``both``): one gather, n addcmul."""
+    cols = table.index_select(1, idx)
+    if both:
+        cols = cols.view(n + 1, 2, -1)
+    acc = cols[n]
+    for i in range(n - 1, -1, -1):
+        acc = torch.addcmul(cols[i], acc, s)
+    return acc
 
 
 def _log_k0_exp(u: torch.Tensor, value: bool = True, slope: bool = True
