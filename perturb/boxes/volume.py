@@ -16,10 +16,31 @@ expectation is 0.415, the formula 0.068.) We evaluate it in log space through u 
     log E[side] = log(2β) + g(u),    g(u) = log K0(e^u),    u = log 2 − x/(2β),
     g'(u) = −z·K1(z)/K0(z)                      (because K0' = −K1),
 
-where K0, K1 enter only as the ratio and the log of the exponentially scaled functions
-``k0e(z) = e^z K0(z)``, ``k1e(z) = e^z K1(z)``: g(u) = log k0e(z) − z. For u < −20 (wide
-sides, x > 41β) the small-argument form K0(z) = −log(z/2) − γ + O(z² log z) is used,
-i.e. g(u) = log(log 2 − u − γ), exact to double precision there and never underflowing. For
+with g(u) = A(u) − z and q(u) = −g'(u) = B(u) + z, where A = log k0e(z) and
+B = z·(k1e(z)/k0e(z) − 1) are the smooth parts (``k0e(z) = e^z K0(z)``,
+``k1e(z) = e^z K1(z)``; A ≈ log(log 2 − u − γ) for small z and ½log(π/(2z)) for large z, B
+increases from 0.05 at u = −20 to 1/2).
+
+Evaluation. On −20 <= u <= 36, A and B come from a piecewise-polynomial table: intervals of
+width 1/8 in u centred on the multiples of 1/8, on each a polynomial in s = 8u − round(8u)
+(exact in floating point, |s| <= 1/2) of degree 6 for float64 and 3 for float32 (and the
+half types, computed in float32). The table is built once per process, in float64, by
+interpolating A and B at the Chebyshev–Lobatto points of each interval (the ends included,
+so the pieces join continuously), with A and B from ``torch.special``'s k0e/k1e (B from the
+asymptotic series of K0 and K1 for z >= 20, where k1e/k0e − 1 cancels). Evaluating it is
+one gather of the coefficients and 3 or 6 fused multiply-adds per element: several times
+cheaper than k0e and k1e (about 45 ns per element each on a CPU core), and g and g' come from
+the same gather, so the fused volume computes the slope in its forward and its backward is a
+multiplication. Accuracy (tests/boxes/test_volume.py, a 400,001-point grid and mpmath at 40
+digits): float64 within 4e-15 of torch.special (absolute on g where |g| <= 1, relative
+beyond; relative on q; 2.2e-15 and 2.6e-15 measured), float32 within 2 eps of the float64
+values at the same argument (1.5 and 1.35 eps measured; torch.special's float32 k0e/k1e, the
+previous evaluation, were 7 and 10 eps off).
+
+Beyond the table: for u > 36, A = ½log(π/2) − u/2 − 1/(8z) + ... and B = 1/2 − 1/(8z) + ...
+with 1/(8z) < 3e-17, so A continues as A(36) − (u − 36)/2 and B as B(36). For u < −20 (wide
+sides, x > 41β) the small-argument form K0(z) = −log(z/2) − γ + O(z² log z) is used, i.e.
+g(u) = log(log 2 − u − γ), exact to double precision there and never underflowing. For
 very inverted boxes (x ≪ 0) the true log side length is ≈ −z = −2·exp(−x/(2β)), which leaves
 the range of the dtype (float32 near x = −176β, float64 near x = −1418β). From
 u_max = 0.75·log(finfo.max) on (x ≈ −131β in float32, −1063β in float64; z ≈ 1e29 and 1e231)
