@@ -168,10 +168,10 @@ def _k0_tables(dtype: torch.dtype, device: torch.device
 
 
 # Elements per chunk of :func:`_k0_poly` times coefficient rows gathered: the gathered
-# coefficients of a chunk stay near 4 MiB (float32) instead of growing with the input (a
-# (2·(n+1), N) gather of N = 1e6 elements is tens of MB, which the allocator maps afresh and
-# page-faults in on every call).
-_CHUNK = 1 << 20
+# coefficients of a chunk stay below 16 MiB (float32) instead of growing with the input (a
+# (2·(n+1), N) gather of N = 1e6 elements is tens of MB; above 32 MiB glibc maps every such
+# allocation afresh and page-faults it in on every call).
+_CHUNK = 1 << 22
 
 
 def _k0_poly(u: torch.Tensor, part: int) -> torch.Tensor:
@@ -197,8 +197,7 @@ def _horner(table: torch.Tensor, idx: torch.Tensor, s: torch.Tensor, n: int, bot
             ) -> torch.Tensor:
     """Σ_i table[i, idx]·s^i (per pair of rows when ``both``): one gather, n addcmul."""
     cols = table.index_select(1, idx)
-    if both:
-        cols = cols.view(n + 1, 2, -1)
+    cols = (cols.view(n + 1, 2, -1) if both else cols).unbind(0)
     acc = cols[n]
     for i in range(n - 1, -1, -1):
         acc = torch.addcmul(cols[i], acc, s)
