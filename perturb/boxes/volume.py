@@ -183,7 +183,9 @@ def _k0_poly(u: torch.Tensor, part: int) -> torch.Tensor:
     v = u.clamp(_TAB_LO, _TAB_HI).mul_(1.0 / _TAB_H)
     k = torch.round(v)
     s = v.sub_(k).reshape(-1)                               # exact: |s| <= 1/2
-    idx = k.sub_(_TAB_LO / _TAB_H).reshape(-1).long()
+    # the clamp keeps a NaN u (an ∞ − ∞ width) from indexing out of range: its s is NaN, so
+    # its value stays NaN
+    idx = k.sub_(_TAB_LO / _TAB_H).reshape(-1).long().clamp_(0, table.shape[1] - 1)
     step = max(1, _CHUNK // table.shape[0])
     if idx.shape[0] <= step:
         acc = _horner(table, idx, s, n, part == 2)

@@ -511,3 +511,19 @@ def test_cuda_matches_cpu():
         for c, d in zip(*outs):
             assert d.device.type == "cuda"
             torch.testing.assert_close(d.cpu(), c)
+
+
+def test_nan_width_gives_nan_not_an_index_error():
+    # ∞ − ∞ widths are NaN; without the input check they must propagate, not index the table
+    # out of range
+    from perturb.boxes.volume import _log_k0_exp
+    inf = math.inf
+    lo = torch.tensor([[inf, 0.0], [0.0, 0.0]])
+    hi = torch.tensor([[inf, 1.0], [1.0, 1.0]])
+    with set_validation(False):
+        v = volume(Box(lo, hi), beta=0.1, log=True)
+    assert bool(torch.isnan(v[0])) and bool(torch.isfinite(v[1]))
+    for dt in (torch.float32, torch.float64):
+        g, q = _log_k0_exp(torch.tensor([math.nan, 0.0], dtype=dt))
+        assert bool(torch.isnan(g[0])) and bool(torch.isnan(q[0]))
+        assert bool(torch.isfinite(g[1])) and bool(torch.isfinite(q[1]))
