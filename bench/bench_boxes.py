@@ -9,10 +9,12 @@ softplus approximation of the Bessel volume; we compare against our ``approx=Tru
 
 Trainer rows (issue 14): one epoch of ``train_hierarchy`` over the WordNet noun hierarchy's
 edges (84,427 ``@``/``@i`` edges, 82,115 boxes; batch 512, 10 negatives per positive, d = 10,
-Gumbel boxes), the median epoch time over a few epochs, against the trainer before the
-device-resident rewrite (commit 05c18ae), whose epoch was measured on the same 2-core machine
-(:data:`OLD_EPOCH_MS`). Without WordNet the rows use a random tree of the same size. Host
-synchronisations are counted on one training step.
+Gumbel boxes), the median epoch time over a few epochs, against the epoch recorded before the
+Gumbel volume read its Bessel functions from a polynomial table (commit 0461c72,
+:data:`PREV_EPOCH_MS`, same 2-core machine); the trainer before the device-resident rewrite
+(commit 05c18ae, :data:`OLD_EPOCH_MS`) is quoted in the note. Without WordNet the rows use a
+random tree of the same size. Host synchronisations and aten ops are counted on one training
+step.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import torch
 
 import statistics
 
-from bench._timing import count_syncs, device, row, time_ms
+from bench._timing import count_ops, count_syncs, device, row, time_ms
 from perturb._validation import set_validation
 from perturb.boxes import Box, intersection, volume
 
@@ -28,6 +30,9 @@ BETA = 0.1
 #: The old trainer's epoch (batch 512, WordNet nouns) on this 2-core machine: median of 5
 #: epochs measured on 2026-11-23 (3.8–6.4 s, machine shared; the issue recorded 5.0–7.7 s).
 OLD_EPOCH_MS = 6000.0
+#: The epoch before the K0 table (commit 0461c72, WordNet nouns, 2 threads, quiet machine, as
+#: recorded in bench/RESULTS.md on 2026-11-23): batch 512 and 4096.
+PREV_EPOCH_MS = {512: 2230.0, 4096: 1520.0}
 
 
 def _data(n: int, d: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -106,14 +111,16 @@ def _trainer_rows(quick: bool) -> list[dict]:
             with set_validation(False):
                 trainer.step(pos[:batch])
         syncs = count_syncs(one_step)
-        old = OLD_EPOCH_MS if batch == 512 else None
+        ops = count_ops(one_step)
+        old = (f"; the trainer before the rewrite (05c18ae) took {OLD_EPOCH_MS / 1e3:.1f} s"
+               if batch == 512 else "")
         rows.append(row(f"hierarchy trainer epoch ({what}; batch {batch}, 10 negatives, d=10, "
                         f"Gumbel, {dev.type})", epoch_ms,
-                        "old trainer (05c18ae), recorded" if old else "—", old,
-                        syncs=syncs,
+                        "before the K0 table (0461c72), recorded", PREV_EPOCH_MS[batch],
+                        syncs=syncs, ops=ops,
                         note=f"{steps} steps, {steps / (epoch_ms / 1e3):.0f} steps/s; syncs/step "
                              f"all in the box core (volume.py regime checks, intersection.py "
-                             f"nested test) and CPU fused Adam, none in the trainer"))
+                             f"nested test) and CPU fused Adam, none in the trainer{old}"))
     return rows
 
 
@@ -156,7 +163,8 @@ def run(quick: bool = False) -> list[dict]:
                         note="without the NaN check of the inputs (box-embeddings has none)"))
     rows.append(row(f"exact Bessel log volume vs our softplus approx, fwd+bwd ({size})",
                     ours_exact, "perturb approx=True", ours_approx,
-                    note="cost of the exact K0 volume (k0e/k1e in log space)"))
+                    note="cost of the exact K0 volume (log K0 and its slope from the polynomial "
+                         "table, one gather and 3 fused multiply-adds per element in float32)"))
     return rows + _trainer_rows(quick)
 
 

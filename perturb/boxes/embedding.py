@@ -1,7 +1,7 @@
 """``BoxEmbedding``: a learnable table of boxes, one per entity."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +16,11 @@ from perturb.boxes.volume import volume
 __all__ = ["BoxEmbedding"]
 
 _PARAMETERISATIONS = ("center_offset", "min_delta", "sigmoid")
+#: The names of the two parameters of each parameterisation (their state_dict keys).
+_PARAMETER_NAMES = {"center_offset": ("center", "offset"), "min_delta": ("min", "delta"),
+                   "sigmoid": ("min_logit", "delta_logit")}
+#: Version of the extra state :meth:`BoxEmbedding.get_extra_state` writes.
+_STATE_FORMAT = 1
 
 
 def _inv_softplus(y: torch.Tensor) -> torch.Tensor:
@@ -34,6 +39,15 @@ class BoxEmbedding(nn.Module):
     - ``"min_delta"``: ``[m, m + softplus(δ)]`` (:meth:`Box.from_min_delta`);
     - ``"sigmoid"``: ``lower = σ(m)``, ``upper = lower + σ(δ)(1 − lower)``: boxes that stay in
       the unit cube ``[0, 1]^d`` (:meth:`Box.from_sigmoid`).
+
+    The parameters are named after the parameterisation (they are its state_dict keys):
+    ``center``/``offset`` (half-width ``softplus(offset)``), ``min``/``delta`` (side
+    ``softplus(delta)``) and ``min_logit``/``delta_logit``; ``param1``/``param2`` remain as
+    aliases of the first and second. The state_dict also records, as ``_extra_state``, a dict
+    ``{"format", "parameterisation", "num_entities", "dim", "beta", "init"}``. Loading checks
+    the parameterisation, ``num_entities`` and ``dim`` (ValueError naming both values) and
+    takes ``beta`` and ``init`` from the state; an older state_dict with ``param1``/``param2``
+    keys and no extra state still loads, as this module's parameterisation.
 
     At initialisation each box lies inside ``[0, 1]^d``: its side in each coordinate is drawn
     uniformly from ``init`` (a ``(min_side, max_side)`` pair, or one number) and its lower
@@ -93,8 +107,49 @@ class BoxEmbedding(nn.Module):
         side = lo + (hi - lo) * torch.rand(shape, generator=generator, dtype=dtype)
         lower = (1.0 - side) * torch.rand(shape, generator=generator, dtype=dtype)
         p1, p2 = self._to_params(lower, side)
-        self.param1 = nn.Parameter(p1.to(device))
-        self.param2 = nn.Parameter(p2.to(device))
+        first, second = _PARAMETER_NAMES[parameterisation]
+        self.register_parameter(first, nn.Parameter(p1.to(device)))
+        self.register_parameter(second, nn.Parameter(p2.to(device)))
+
+    @property
+    def param1(self) -> nn.Parameter:
+        """The first parameter (``center``, ``min`` or ``min_logit``)."""
+        return getattr(self, _PARAMETER_NAMES[self.parameterisation][0])
+
+    @property
+    def param2(self) -> nn.Parameter:
+        """The second parameter (``offset``, ``delta`` or ``delta_logit``)."""
+        return getattr(self, _PARAMETER_NAMES[self.parameterisation][1])
+
+    # --------------------------------------------------------------- state
+    def get_extra_state(self) -> dict[str, Any]:
+        """What the state_dict records besides the parameters (plain values, so that it loads
+        with ``torch.load(weights_only=True)``)."""
+        return {"format": _STATE_FORMAT, "parameterisation": self.parameterisation,
+                "num_entities": self.num_entities, "dim": self.dim, "beta": self.beta,
+                "init": tuple(self.init)}
+
+    def set_extra_state(self, state: Any) -> None:
+        """Adopt ``beta`` and ``init`` of a loaded state (its parameterisation and sizes were
+        checked by :meth:`_load_from_state_dict`)."""
+        _check_extra_state(state, self)
+        self.beta = state["beta"]
+        self.init = tuple(float(v) for v in state["init"])
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
+                              **kwargs: Any) -> None:
+        extra = prefix + "_extra_state"
+        if extra in state_dict:
+            _check_extra_state(state_dict[extra], self)
+        elif prefix + "param1" in state_dict or prefix + "param2" in state_dict:
+            # a state_dict from before the parameters were named (no record of its
+            # parameterisation): read as this module's
+            first, second = _PARAMETER_NAMES[self.parameterisation]
+            for old, new in (("param1", first), ("param2", second)):
+                if prefix + old in state_dict and prefix + new not in state_dict:
+                    state_dict[prefix + new] = state_dict.pop(prefix + old)
+            state_dict[extra] = self.get_extra_state()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _to_params(self, lower: torch.Tensor, side: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,8 +179,9 @@ class BoxEmbedding(nn.Module):
             check_value((lo >= 0) & (hi < self.num_entities),
                         f"ids must lie in [0, {self.num_entities})",
                         lambda: int(lo) if int(lo) < 0 else int(hi))
-        ids = ids.to(device=self.param1.device, dtype=torch.long)
-        return self._make_box(F.embedding(ids, self.param1), F.embedding(ids, self.param2))
+        p1, p2 = self.param1, self.param2
+        ids = ids.to(device=p1.device, dtype=torch.long)
+        return self._make_box(F.embedding(ids, p1), F.embedding(ids, p2))
 
     def all_boxes(self) -> Box:
         """Every entity's box, shape ``(num_entities, dim)``."""
@@ -155,3 +211,25 @@ class BoxEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return (f"num_entities={self.num_entities}, dim={self.dim}, beta={self.beta}, "
                 f"parameterisation={self.parameterisation!r}")
+
+
+def _check_extra_state(state: Any, module: BoxEmbedding) -> None:
+    """ValueError unless ``state`` is a BoxEmbedding extra state matching ``module``'s
+    parameterisation, ``num_entities`` and ``dim``."""
+    keys = ("format", "parameterisation", "num_entities", "dim", "beta", "init")
+    if not isinstance(state, Mapping) or any(k not in state for k in keys):
+        raise ValueError(f"not a BoxEmbedding state: its _extra_state must be a dict with "
+                         f"keys {keys}, got {state!r}")
+    if state["format"] != _STATE_FORMAT:
+        raise ValueError(f"BoxEmbedding state format {state['format']!r} is not supported "
+                         f"(this version reads format {_STATE_FORMAT})")
+    if state["parameterisation"] != module.parameterisation:
+        raise ValueError(f"cannot load a BoxEmbedding state saved with parameterisation="
+                         f"{state['parameterisation']!r} into one with parameterisation="
+                         f"{module.parameterisation!r}: the parameters mean different things; "
+                         f"build the module with parameterisation="
+                         f"{state['parameterisation']!r}")
+    for name in ("num_entities", "dim"):
+        if state[name] != getattr(module, name):
+            raise ValueError(f"cannot load a BoxEmbedding state with {name}={state[name]} into "
+                             f"one with {name}={getattr(module, name)}")

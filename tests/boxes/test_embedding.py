@@ -106,3 +106,72 @@ def test_cuda_module():
     assert b.device.type == "cuda"
     emb.containment_prob(torch.tensor([1]), torch.tensor([2])).sum().backward()
     assert emb.param1.grad.device.type == "cuda"
+
+
+# ---------------------------------------------------------------------- state_dict format
+NAMES = {"center_offset": ("center", "offset"), "min_delta": ("min", "delta"),
+         "sigmoid": ("min_logit", "delta_logit")}
+
+
+@pytest.mark.parametrize("param", PARAMS)
+def test_state_dict_is_self_describing_and_round_trips(param, tmp_path):
+    emb = BoxEmbedding(6, 3, beta=0.07, parameterisation=param, init=(0.1, 0.3),
+                       generator=torch.Generator().manual_seed(0))
+    sd = emb.state_dict()
+    first, second = NAMES[param]
+    assert list(sd) == [first, second, "_extra_state"]
+    assert sd["_extra_state"] == {"format": 1, "parameterisation": param, "num_entities": 6,
+                                  "dim": 3, "beta": 0.07, "init": (0.1, 0.3)}
+    assert emb.param1 is getattr(emb, first) and emb.param2 is getattr(emb, second)
+    # through a file, loading with weights_only (plain values only), into another module
+    torch.save(sd, tmp_path / "emb.pt")
+    loaded = torch.load(tmp_path / "emb.pt", weights_only=True)
+    other = BoxEmbedding(6, 3, beta=0.5, parameterisation=param,
+                         generator=torch.Generator().manual_seed(1))
+    other.load_state_dict(loaded)
+    torch.testing.assert_close(other.all_boxes().lower, emb.all_boxes().lower, rtol=0, atol=0)
+    torch.testing.assert_close(other.all_boxes().upper, emb.all_boxes().upper, rtol=0, atol=0)
+    assert other.beta == 0.07 and other.init == (0.1, 0.3)     # taken from the state
+
+
+@pytest.mark.parametrize("param", PARAMS)
+def test_old_param1_param2_state_dict_still_loads(param):
+    emb = BoxEmbedding(5, 2, parameterisation=param, generator=torch.Generator().manual_seed(2))
+    # the format before the parameters were named: param1, param2 and no extra state
+    old = {"param1": emb.param1.detach().clone(), "param2": emb.param2.detach().clone()}
+    fresh = BoxEmbedding(5, 2, parameterisation=param,
+                         generator=torch.Generator().manual_seed(3))
+    result = fresh.load_state_dict(old)              # strict
+    assert not result.missing_keys and not result.unexpected_keys
+    torch.testing.assert_close(fresh.param1, emb.param1, rtol=0, atol=0)
+    torch.testing.assert_close(fresh.param2, emb.param2, rtol=0, atol=0)
+
+
+def test_old_state_dict_loads_inside_a_parent_module():
+    from perturb.boxes.hierarchy import BoxHierarchyModel
+    a = BoxHierarchyModel(4, 2, generator=torch.Generator().manual_seed(0))
+    old = {"embedding.param1": a.embedding.param1.detach().clone(),
+           "embedding.param2": a.embedding.param2.detach().clone()}
+    b = BoxHierarchyModel(4, 2, generator=torch.Generator().manual_seed(1))
+    b.load_state_dict(old)
+    torch.testing.assert_close(b.embedding.all_boxes().lower, a.embedding.all_boxes().lower)
+    assert set(b.state_dict()) == {"embedding.center", "embedding.offset",
+                                   "embedding._extra_state"}
+
+
+def test_loading_another_parameterisation_or_size_is_a_clear_error():
+    src = BoxEmbedding(5, 2, parameterisation="min_delta")
+    dst = BoxEmbedding(5, 2, parameterisation="center_offset")
+    with pytest.raises(ValueError, match="parameterisation='min_delta' into one with "
+                                         "parameterisation='center_offset'"):
+        dst.load_state_dict(src.state_dict())
+    with pytest.raises(ValueError, match="num_entities=5 into one with num_entities=6"):
+        BoxEmbedding(6, 2, parameterisation="min_delta").load_state_dict(src.state_dict())
+    with pytest.raises(ValueError, match="dim=2 into one with dim=3"):
+        BoxEmbedding(5, 3, parameterisation="min_delta").load_state_dict(src.state_dict())
+    bad = dict(src.state_dict(), _extra_state={"format": 1})
+    with pytest.raises(ValueError, match="not a BoxEmbedding state"):
+        BoxEmbedding(5, 2, parameterisation="min_delta").load_state_dict(bad)
+    future = dict(src.state_dict(), _extra_state=dict(src.get_extra_state(), format=99))
+    with pytest.raises(ValueError, match="format 99"):
+        BoxEmbedding(5, 2, parameterisation="min_delta").load_state_dict(future)

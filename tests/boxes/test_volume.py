@@ -230,6 +230,80 @@ def test_log_k0_exp_continuous_across_regimes():
         assert abs(g[1] - g[0]).item() < 1e-7 * max(1.0, abs(g[0].item()))
 
 
+def _torch_special_g_q(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """g = log K0(e^u), q = z K1/K0 straight from torch.special (the previous evaluation)."""
+    z = torch.exp(u)
+    k0e = torch.special.scaled_modified_bessel_k0(z)
+    return torch.log(k0e) - z, z * torch.special.scaled_modified_bessel_k1(z) / k0e
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float(((got.double() - want).abs() / want.abs().clamp(min=1.0)).max())
+
+
+def test_table_matches_torch_special_on_a_dense_grid():
+    """The stated bounds of the piecewise-polynomial evaluation of g = log K0(e^u) and
+    q = −g' over the whole table range (400,001 points, about 50 per interval): float64
+    within 4e-15 (absolute on g for |g| <= 1, relative beyond; relative on q); float32 within
+    2 eps of the float64 values at the same (float32) arguments."""
+    from perturb.boxes.volume import _log_k0_exp
+    u = torch.linspace(-20.0, 36.0, 400_001, dtype=torch.float64)
+    g, q = _log_k0_exp(u)
+    g_ref, q_ref = _torch_special_g_q(u)
+    assert _rel(g, g_ref) < 4e-15
+    assert float(((q - q_ref) / q_ref).abs().max()) < 4e-15
+    u32 = u.float()
+    g32, q32 = _log_k0_exp(u32)
+    g_ref, q_ref = _torch_special_g_q(u32.double())
+    eps = torch.finfo(torch.float32).eps
+    assert _rel(g32, g_ref) < 2 * eps
+    assert float(((q32.double() - q_ref) / q_ref).abs().max()) < 2 * eps
+
+
+def test_table_matches_mpmath():
+    mpmath = pytest.importorskip("mpmath")
+    from perturb.boxes.volume import _log_k0_exp, _log_neg_g_prime
+    us = torch.linspace(-25.0, 45.0, 281, dtype=torch.float64)
+    g_want, q_want, b_want = [], [], []
+    with mpmath.workdps(40):
+        for x in us.tolist():
+            z = mpmath.exp(mpmath.mpf(x))
+            k0, k1 = mpmath.besselk(0, z), mpmath.besselk(1, z)
+            g_want.append(float(mpmath.log(k0)))
+            q_want.append(float(z * k1 / k0))
+            b_want.append(float(z * (k1 / k0 - 1)))      # q − z, where the direct form cancels
+    g_want, q_want, b_want = (torch.tensor(v, dtype=torch.float64)
+                              for v in (g_want, q_want, b_want))
+    g, q = _log_k0_exp(us)
+    assert _rel(g, g_want) < 4e-15
+    assert float(((q - q_want) / q_want).abs().max()) < 4e-15
+    # h' = B (q + z)/q uses the table's B directly: accurate where q − z would cancel
+    z = torch.exp(us)
+    slope_want = b_want * (q_want + z) / q_want
+    slope_want = torch.where(us < -20, q_want, slope_want)
+    _, slope = _log_neg_g_prime(us)
+    assert float(((slope - slope_want) / slope_want).abs().max()) < 2e-14
+
+
+def test_table_pieces_join_and_chunks_agree(monkeypatch):
+    import importlib
+    vol = importlib.import_module("perturb.boxes.volume")
+    # both sides of the interval ends u = (k + 1/2)/8: the pieces interpolate at the ends
+    # (Chebyshev–Lobatto nodes), so each jump is the reference's own change over 2e-9
+    ends = -20.0 + 0.125 * (torch.arange(448, dtype=torch.float64) + 0.5)
+    (gl, ql), (gr, qr) = (vol._log_k0_exp(ends + d) for d in (-1e-9, 1e-9))
+    (gl_ref, ql_ref), (gr_ref, qr_ref) = (_torch_special_g_q(ends + d) for d in (-1e-9, 1e-9))
+    scale = gl_ref.abs().clamp(min=1.0)
+    assert float((((gr - gl) - (gr_ref - gl_ref)) / scale).abs().max()) < 1e-14
+    assert float((((qr - ql) - (qr_ref - ql_ref)) / qr_ref).abs().max()) < 1e-14
+    u = torch.linspace(-30.0, 80.0, 10_001)
+    whole = vol._log_k0_exp(u)
+    monkeypatch.setattr(vol, "_CHUNK", 4096)        # 512 elements per chunk
+    chunked = vol._log_k0_exp(u)
+    for a, b in zip(whole, chunked):
+        assert torch.equal(a, b)
+
+
 def test_side_length_gradcheck_in_lower_upper_and_beta():
     lo = torch.tensor([0.1, -0.4, 2.0], dtype=torch.float64, requires_grad=True)
     hi = torch.tensor([0.3, -0.9, 9.0], dtype=torch.float64, requires_grad=True)
@@ -385,13 +459,19 @@ def test_fused_log_volume_gradcheck_and_helper():
                                 (0.4, 0.0, True), (3.0, 0.0, True)):
         assert torch.autograd.gradcheck(
             lambda a, b: _LogVolume.apply(a, b, scale, shift, exact)[0], (lo, hi))
-        out, t, aux = _LogVolume.apply(lo, hi, scale, shift, exact)
+        if exact:   # without a backward expected the forward saves u, not the slope q
+            assert torch.autograd.gradcheck(
+                lambda a, b: _LogVolume.apply(a, b, scale, shift, exact, False)[0], (lo, hi))
+        out, aux = _LogVolume.apply(lo, hi, scale, shift, exact)
         gout = torch.randn(3, generator=g, dtype=torch.float64)
         want_hi = torch.autograd.grad((out * gout).sum(), hi)[0]
-        # the helper with the saved k0e and with it recomputed
-        torch.testing.assert_close(
-            _log_volume_backward(t, gout, scale, exact, aux if exact else None), want_hi)
-        torch.testing.assert_close(_log_volume_backward(t, gout, scale, exact), want_hi)
+        # the helper with the saved slope (exact) or y (softplus), and from u
+        torch.testing.assert_close(_log_volume_backward(aux, gout, scale, exact, exact),
+                                   want_hi)
+        if exact:
+            u = math.log(2.0) - (hi - lo).detach() / (2 * scale)
+            torch.testing.assert_close(_log_volume_backward(u, gout, scale, True, False),
+                                       want_hi)
 
 
 def test_fused_and_elementwise_paths_agree():
@@ -431,3 +511,19 @@ def test_cuda_matches_cpu():
         for c, d in zip(*outs):
             assert d.device.type == "cuda"
             torch.testing.assert_close(d.cpu(), c)
+
+
+def test_nan_width_gives_nan_not_an_index_error():
+    # ∞ − ∞ widths are NaN; without the input check they must propagate, not index the table
+    # out of range
+    from perturb.boxes.volume import _log_k0_exp
+    inf = math.inf
+    lo = torch.tensor([[inf, 0.0], [0.0, 0.0]])
+    hi = torch.tensor([[inf, 1.0], [1.0, 1.0]])
+    with set_validation(False):
+        v = volume(Box(lo, hi), beta=0.1, log=True)
+    assert bool(torch.isnan(v[0])) and bool(torch.isfinite(v[1]))
+    for dt in (torch.float32, torch.float64):
+        g, q = _log_k0_exp(torch.tensor([math.nan, 0.0], dtype=dt))
+        assert bool(torch.isnan(g[0])) and bool(torch.isnan(q[0]))
+        assert bool(torch.isfinite(g[1])) and bool(torch.isfinite(q[1]))

@@ -150,7 +150,7 @@ def _worker(rank: int, world_size: int, job: dict, out_path: str) -> None:
                                  "generators": states, "world_size": world_size}, path)
                 dist.barrier()
         if rank == 0:
-            state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+            state = model.cpu_state_dict()
             torch.save({"state_dict": state, "history": trainer.history.__dict__}, out_path)
         dist.barrier()
     finally:
@@ -216,7 +216,7 @@ def train_hierarchy_distributed(graph: nx.DiGraph, dim: int | None = None,
                              f"needs {n} of dim {cfg.dim}")
         hp = model.hparams()
         model_kwargs = {k: hp[k] for k in model_kwargs}
-        init_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        init_state = model.cpu_state_dict()
     known = PairSet(pos if known_edges is None else check_pairs(known_edges, n, "known_edges"),
                     n, include_self=True)
     path = None if checkpoint is None else os.fspath(checkpoint)

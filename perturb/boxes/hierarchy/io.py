@@ -92,7 +92,7 @@ def save_model(model: BoxHierarchyModel, path: str | os.PathLike,
     hp["init"] = list(hp["init"])
     hp["dtype"] = str(hp["dtype"]).removeprefix("torch.")
     atomic_save({"format": MODEL_FORMAT, "hparams": hp, "nodes": list(model.nodes),
-                 "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+                 "state_dict": model.cpu_state_dict(),
                  "config": None if config is None else config.to_dict()}, path)
 
 

@@ -109,6 +109,12 @@ class BoxHierarchyModel(nn.Module):
                     parameterisation=self.embedding.parameterisation,
                     init=tuple(self.embedding.init), dtype=self.embedding.param1.dtype)
 
+    def cpu_state_dict(self) -> dict[str, Any]:
+        """``state_dict()`` with its tensors detached and on the CPU; the embedding's
+        ``_extra_state`` (its parameterisation, sizes and β, plain values) as it is."""
+        return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                for k, v in self.state_dict().items()}
+
     def ids(self, labels: Sequence[Hashable]) -> torch.Tensor:
         """Box ids of node labels, as a LongTensor on the model's device (KeyError-free:
         ValueError naming the unknown label)."""

@@ -384,7 +384,7 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer, generator state, epoch, step counter and history (CPU tensors
         and plain Python values)."""
-        return {"model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+        return {"model": self.model.cpu_state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "generator": self.generator.get_state(),
                 "epoch": self.epoch, "step": self.step_count,

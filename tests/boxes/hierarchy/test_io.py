@@ -20,8 +20,12 @@ def test_save_load_round_trip(tmp_path, method):
     model, config = load_model(path)
     assert config == cfg and model.nodes == list(g.nodes)
     assert model.hparams() == res.model.hparams() and not model.training
-    for k, v in res.model.state_dict().items():
-        assert torch.equal(model.state_dict()[k], v)
+    saved, loaded = res.model.state_dict(), model.state_dict()
+    assert saved.keys() == loaded.keys()
+    for k, v in saved.items():   # the parameters, and the embedding's extra state (a dict)
+        assert torch.equal(loaded[k], v) if isinstance(v, torch.Tensor) else loaded[k] == v
+    assert loaded["embedding._extra_state"]["parameterisation"] == "min_delta"
+    assert {"embedding.min", "embedding.delta"} <= loaded.keys()
     child, parent = model.ids(["n7", "n7"]), model.ids(["n3", "n0"])
     torch.testing.assert_close(model.log_containment(child, parent),
                                res.model.log_containment(child, parent), rtol=0, atol=0)

@@ -90,8 +90,12 @@ def test_training_is_reproducible_and_accepts_edges():
     kw = dict(epochs=3, batch_size=8, negatives_per_positive=3, progress=False)
     a = train_hierarchy(g, 3, seed=5, **kw).model.state_dict()
     b = train_hierarchy(g, 3, generator=torch.Generator().manual_seed(5), **kw).model.state_dict()
+    assert a.keys() == b.keys()
     for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+        if isinstance(a[k], torch.Tensor):
+            torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+        else:
+            assert a[k] == b[k]
     c = train_hierarchy(g, 3, seed=5, train_edges=list(transitive_closure(g).edges), **kw)
     assert c.model.nodes == list(g.nodes)
     evals = train_hierarchy(g, 3, seed=5, eval_fn=lambda m: {"x": 1.0}, eval_every=2, **kw)
@@ -281,7 +285,8 @@ def test_killed_run_resumes_bit_identically(tmp_path, one_thread):
     resumed = train_hierarchy(g, 3, checkpoint=path, resume=True, **_RUN)
     straight = train_hierarchy(g, 3, **_RUN)
     for name, p in straight.model.state_dict().items():
-        assert torch.equal(resumed.model.state_dict()[name], p), name
+        q = resumed.model.state_dict()[name]
+        assert (torch.equal(q, p) if isinstance(p, torch.Tensor) else q == p), name
     a, b = resumed.history, straight.history
     assert a.step_loss == b.step_loss and a.loss == b.loss
     assert a.diagnostic_steps == b.diagnostic_steps and a.stalled_fraction == b.stalled_fraction
