@@ -619,7 +619,9 @@ class _SinkhornImplicit(torch.autograd.Function):
         return (grad_w if need_w else None, grad_tau, ga if need_a else None,
                 gb if need_b else None, None, None, None, None, None, None, None)
 
-
-# the forward iterates to convergence (host reads): vmap folds the vmapped dim into the batch;
-# the iteration count is the one output without batch dims
-_SinkhornImplicit.vmap = fold_vmap(_SinkhornImplicit, batched=range(7), unbatched_outputs=(2,))
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        # the forward iterates to convergence (host reads): the vmapped dim is folded into the
+        # batch; the iteration count is the one output without batch dims
+        return fold_vmap(_SinkhornImplicit, info, in_dims, args, batched=range(7),
+                         unbatched_outputs=(2,))
