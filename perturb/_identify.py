@@ -371,7 +371,7 @@ class Model:
 
     def stats(self, theta: torch.Tensor, jacobian: bool = True) -> dict[str, torch.Tensor]:
         theta = theta.to(_DT)
-        if self.exact:
+        if self._est is None:  # Perturb-Argmax (self.exact): no estimator, the exact stats
             p, log_p, h = argmax_stats(theta, self.noise, jacobian=jacobian)
             out = {"p": p, "log_p": log_p, "se": torch.zeros_like(p)}
             if h is not None:

@@ -208,10 +208,9 @@ def identify(p: torch.Tensor, noise: Any, kind: str = "softmax", tau: float = 1.
     model = _I.Model(noise, d, kind, tau, n_samples=n_samples, n_reps=n_reps, generator=g)
     theta, converged, _, _ = _I.solve_inverse(q, model, init=init, tol=tol, max_iter=max_iter)
     residual, se = _measure(theta, q, model, noise, kind, tau, n_samples, n_reps, g)
-    out_kw = {}
     if isinstance(p, torch.Tensor) and p.is_floating_point():
-        out_kw = {"dtype": p.dtype, "device": p.device}
-    return IdentifyResult(theta.to(**out_kw) if out_kw else theta, residual, converged, se)
+        theta = theta.to(dtype=p.dtype, device=p.device)
+    return IdentifyResult(theta, residual, converged, se)
 
 
 def _measure(theta: torch.Tensor, q: torch.Tensor, model: _I.Model, noise: Noise, kind: str,
@@ -297,7 +296,8 @@ def check_completeness(noise: Any, d: int, kind: str = "softmax", param_space: s
     noise = model_noise
     if kind == "argmax" and _I.is_discrete(noise):
         return _discrete_completeness(report, noise, targets, g)
-    per_target, worst = [], (-1.0, None)
+    per_target: list[dict[str, Any]] = []
+    solved: list[tuple[float, str, torch.Tensor, torch.Tensor, IdentifyResult]] = []
     max_se = 0.0
     for name, p in targets:
         res = identify(p, noise, kind, tau, n_samples=n_samples, n_reps=n_reps, generator=g)
@@ -307,10 +307,10 @@ def check_completeness(noise: Any, d: int, kind: str = "softmax", param_space: s
                            "converged": res.converged, "theta_norm": float(theta.norm()),
                            "reached": ok})
         max_se = max(max_se, res.std_error)
-        excess = res.residual - n_sigma * res.std_error
-        if excess > worst[0]:
-            worst = (excess, (name, p, theta, res))
-    _, (wname, wp, wtheta, wres) = worst
+        solved.append((res.residual - n_sigma * res.std_error, name, p, theta, res))
+    # the worst target: the largest excess residual over n_sigma standard errors (the first of
+    # equal ones)
+    _, wname, wp, wtheta, wres = max(solved, key=lambda t: t[0])
     report.complete = all(t["reached"] for t in per_target)
     report.details = {
         "n_targets": len(targets), "worst_target": wname, "worst_residual": wres.residual,
@@ -360,21 +360,22 @@ def _discrete_completeness(report: CompletenessReport, noise: Noise, targets: li
     except Exception:  # noqa: BLE001
         probs = torch.stack([_I.argmax_probs_exact(t, noise) for t in thetas])
     distinct = torch.unique(torch.round(probs * 1e12) / 1e12, dim=0)
-    best = None
+    closest = []  # per target: (distance, name, target, the closest θ and its distribution)
     for name, p in targets:
         dist = (probs - p).abs().max(-1).values
         i = int(dist.argmin())
-        if best is None or float(dist[i]) > best[0]:
-            best = (float(dist[i]), name, p, thetas[i], probs[i])
+        closest.append((float(dist[i]), name, p, thetas[i], probs[i]))
+    # the worst target: the farthest from every reached distribution (the first of equal ones)
+    w_dist, w_name, w_target, w_theta, w_probs = max(closest, key=lambda c: c[0])
     report.complete = False
     report.details = {"method": how, "distinct_distributions_reached": int(distinct.shape[0]),
-                      "worst_target": best[1], "worst_residual": best[0],
+                      "worst_target": w_name, "worst_residual": w_dist,
                       "note": "∇F is piecewise constant for discrete noise: finitely many "
                               "distributions are reached (the sub-differentials still cover "
                               "the simplex)"}
     report.witness = CompletenessWitness(
-        best[2], best[3], best[4], best[0],
-        f"no θ among {how} reaches target '{best[1]}' closer than {best[0]:.3g}"
+        w_target, w_theta, w_probs, w_dist,
+        f"no θ among {how} reaches target '{w_name}' closer than {w_dist:.3g}"
         + ("" if exhaustive else "; the reachable set is finite, so a Dirichlet-random target "
                                  "is unreachable with probability one"))
     return report
@@ -465,13 +466,12 @@ def check_minimality(noise: Any, d: int, kind: str = "softmax", param_space: str
     pts = torch.cat([torch.zeros(1, d, dtype=_DT),
                      scale * std * torch.randn(n_points, d, generator=g, dtype=_DT)])
     pts = _I.to_space(pts, param_space)
-    best = (math.inf, None, None)
+    flattest = []  # per point: (smallest eigenvalue on Θ, the point, its eigenvector)
     for th in pts:
         hess = model.stats(th)["hess"]
         eigs, vecs = torch.linalg.eigh(basis.T @ (0.5 * (hess + hess.T)) @ basis)
-        if float(eigs[0]) < best[0]:
-            best = (float(eigs[0]), th, basis @ vecs[:, 0])
-    lam, th_min, flat_dir = best
+        flattest.append((float(eigs[0]), th, basis @ vecs[:, 0]))
+    lam, th_min, flat_dir = min(flattest, key=lambda f: f[0])  # the first of equal ones
     if kind == "softmax":
         rep = model.stats(th_min)["rep_hess"]
         lam_reps = _restricted_eigs(rep, basis)[:, 0]
@@ -479,6 +479,7 @@ def check_minimality(noise: Any, d: int, kind: str = "softmax", param_space: str
         how = "QMC replicate spread"
     elif not _I.is_discrete(noise) and noise.has_cdf:
         fine = _I.argmax_quadrature(th_min, noise, refine=2)[2]
+        assert fine is not None  # jacobian=True (the default): the Hessian is returned
         lam_se = abs(float(_restricted_eigs(fine, basis)[0]) - lam)
         how = "change under a 2x finer quadrature"
     else:
@@ -486,7 +487,7 @@ def check_minimality(noise: Any, d: int, kind: str = "softmax", param_space: str
     strictly = lam > eig_tol + n_sigma * lam_se
 
     # 2. witnesses
-    witness = None
+    witness: MinimalityWitness | None = None
 
     def attempt(a: torch.Tensor, b: torch.Tensor, reason: str) -> bool:
         nonlocal witness

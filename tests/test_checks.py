@@ -194,6 +194,20 @@ def test_argmax_complete_continuous(noise):
     assert rep.details["worst_residual"] < 1e-8
 
 
+def test_softmax_completeness_worst_target_with_wide_acceptance():
+    # every excess residual − n_sigma·std_error is below −1 here: the worst target is still the
+    # one of largest excess (this used to raise a TypeError)
+    rep = check_completeness(Gumbel(), 3, kind="softmax", n_interior=1, n_vertices=1,
+                             vertex_eps=(1e-2,), n_sigma=1e12, generator=_g(), **FAST)
+    assert rep.complete and rep.witness is None, str(rep)
+    per = rep.details["per_target"]
+    excess = [t["residual"] - 1e12 * t["std_error"] for t in per]
+    assert max(excess) < -1.0
+    worst = per[excess.index(max(excess))]
+    assert rep.details["worst_target"] == worst["target"]
+    assert rep.details["worst_residual"] == worst["residual"]
+
+
 def test_discrete_argmax_not_complete_witness():
     noise = Discrete(torch.tensor([-1.0, 1.0]), torch.tensor([0.5, 0.5]))
     rep = check_completeness(noise, 2, kind="argmax", generator=_g())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Any
 
 import torch
 
@@ -64,7 +65,8 @@ def _sample_args(shape: object, generator: torch.Generator | None,
     if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
         shape = (int(shape),)
     try:
-        dims = tuple(shape)  # type: ignore[arg-type]
+        # ``shape`` is checked here at run time: anything not iterable is the ValueError below
+        dims: tuple[Any, ...] = tuple(shape)  # type: ignore[arg-type]
     except TypeError:
         raise ValueError(f"shape must be a tuple of ints or a torch.Size, got {shape!r}") from None
     if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0 for s in dims):

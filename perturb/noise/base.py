@@ -327,7 +327,7 @@ class Noise:
         params = self._params()
         if params is None:
             return self is other
-        return type(self) is type(other) and params == other._params()  # type: ignore[union-attr]
+        return type(self) is type(other) and params == other._params()
 
     def __hash__(self) -> int:
         params = self._params()

@@ -285,6 +285,19 @@ def _next_block(err, prev_err, k, tol, omega, accelerate):
     return omega, need
 
 
+def _check_block(st: _State, prev_err: torch.Tensor | None, k: int, tol: torch.Tensor,
+                 omega: torch.Tensor | None, accelerate: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, float, float, float]:
+    """The block's row error (NaN read as inf) and, in one host read, whether it left the safe
+    range, whether every problem converged, and the iterations predicted for the next block:
+    ``(error, next ω, bad, done, need)`` (ω from :func:`_next_block`)."""
+    err = torch.where(torch.isnan(st.error), float("inf"), st.error)
+    new_omega, need = _next_block(err, prev_err, k, tol, omega, accelerate)
+    bad, done, n_need = torch.stack([st.bad.to(need.dtype), (err <= tol).all().to(need.dtype),
+                                     need]).tolist()
+    return err, new_omega, bad, done, n_need
+
+
 def sinkhorn_iterate(log_k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                      row_valid: torch.Tensor | None, col_valid: torch.Tensor | None,
                      n_iters: int, tol: float, check_every: int | None = None,
@@ -362,8 +375,8 @@ def sinkhorn_iterate(log_k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     log_k = log_k - shift_r - shift_c
     rv = None if row_valid is None else row_valid.unsqueeze(-1)
     cv = None if col_valid is None else col_valid.unsqueeze(-2)
-    log_a = torch.log(a if rv is None else torch.where(row_valid, a, 1.0)).unsqueeze(-1)
-    log_b = torch.log(b if cv is None else torch.where(col_valid, b, 1.0)).unsqueeze(-2)
+    log_a = torch.log(a if row_valid is None else torch.where(row_valid, a, 1.0)).unsqueeze(-1)
+    log_b = torch.log(b if col_valid is None else torch.where(col_valid, b, 1.0)).unsqueeze(-2)
     u = torch.zeros_like(log_a)
     v = torch.zeros_like(log_b)
     # scalings beyond e^safe could overflow K·ev products over a block: redo it in log space
@@ -389,25 +402,16 @@ def sinkhorn_iterate(log_k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
         prev_err = None
         while it < n_iters:
             k = min(block, n_iters - it)
-            st = None
-            if not use_log:
+            if use_log:
+                st = _log_block(lk, u, v, log_a, log_b, a_col, k, rv, cv)
+            else:
                 st = _scaling_block(lk, u, v, a, b, k, omega, pad, safe)
-            # one host read per block: failure flag, convergence, next block size
-            for attempt in range(2):
-                err = torch.where(torch.isnan(st.error), float("inf"), st.error) \
-                    if st is not None else None
-                if st is None:
-                    st = _log_block(lk, u, v, log_a, log_b, a_col, k, rv, cv)
-                    continue
-                new_omega, need = _next_block(err, prev_err, k, stage_tol, omega,
-                                              accelerate)
-                bad, done, need = torch.stack([st.bad.to(need.dtype),
-                                               (err <= stage_tol).all().to(need.dtype),
-                                               need]).tolist()
-                if bad and attempt == 0:  # left the safe range: redo the block in log space
-                    st = _log_block(lk, u, v, log_a, log_b, a_col, k, rv, cv)
-                    continue
-                break
+            err, new_omega, bad, done, need = _check_block(st, prev_err, k, stage_tol, omega,
+                                                           accelerate)
+            if bad and not use_log:  # left the safe range: redo the block in log space
+                st = _log_block(lk, u, v, log_a, log_b, a_col, k, rv, cv)
+                err, new_omega, bad, done, need = _check_block(st, prev_err, k, stage_tol,
+                                                               omega, accelerate)
             use_log = bool(bad)
             it += k
             u, v, error = st.u, st.v, err
@@ -466,8 +470,8 @@ def _iterate_traced(log_k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
 
     rv = None if row_valid is None else row_valid.unsqueeze(-1)
     cv = None if col_valid is None else col_valid.unsqueeze(-2)
-    log_a = torch.log(a if rv is None else torch.where(row_valid, a, 1.0)).unsqueeze(-1)
-    log_b = torch.log(b if cv is None else torch.where(col_valid, b, 1.0)).unsqueeze(-2)
+    log_a = torch.log(a if row_valid is None else torch.where(row_valid, a, 1.0)).unsqueeze(-1)
+    log_b = torch.log(b if col_valid is None else torch.where(col_valid, b, 1.0)).unsqueeze(-2)
     a_col = a.unsqueeze(-1)
 
     def running(it, u, v, error):
@@ -619,7 +623,9 @@ class _SinkhornImplicit(torch.autograd.Function):
         return (grad_w if need_w else None, grad_tau, ga if need_a else None,
                 gb if need_b else None, None, None, None, None, None, None, None)
 
-
-# the forward iterates to convergence (host reads): vmap folds the vmapped dim into the batch;
-# the iteration count is the one output without batch dims
-_SinkhornImplicit.vmap = fold_vmap(_SinkhornImplicit, batched=range(7), unbatched_outputs=(2,))
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        # the forward iterates to convergence (host reads): the vmapped dim is folded into the
+        # batch; the iteration count is the one output without batch dims
+        return fold_vmap(_SinkhornImplicit, info, in_dims, args, batched=range(7),
+                         unbatched_outputs=(2,))

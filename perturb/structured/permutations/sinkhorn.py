@@ -227,10 +227,12 @@ def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: 
             raise ValueError("mask leaves a problem with no valid entry")
     w = w.expand(*batch, n, m)
 
-    if a is None:
+    # row_valid and col_valid are both set (from mask) or both None; so are a and b (checked
+    # above)
+    if a is None or b is None:
         a_t = torch.ones(*batch, n, dtype=w.dtype, device=w.device)
         b_t = torch.ones(*batch, m, dtype=w.dtype, device=w.device)
-        if row_valid is not None:
+        if row_valid is not None and col_valid is not None:
             if validation_enabled() and not bool((row_valid.sum(-1) == col_valid.sum(-1)).all()):
                 raise ValueError("mask: a doubly stochastic plan needs as many valid rows as valid "
                                  "columns in every problem; pass marginals a and b otherwise")
@@ -245,7 +247,7 @@ def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: 
                 if not bool((torch.isfinite(xv) & (xv > 0)).all()):
                     raise ValueError(f"{name} must be finite and > 0 (use mask to give rows or "
                                      f"columns zero mass)")
-        if row_valid is not None:
+        if row_valid is not None and col_valid is not None:
             a_t = a_t * row_valid
             b_t = b_t * col_valid
         if validation_enabled():

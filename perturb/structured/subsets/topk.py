@@ -259,7 +259,6 @@ class _CappedSimplex(torch.autograd.Function):
     Inputs: y ``(*batch, n)``, k, kind ∈ {"euclidean", "entropy", "sigmoid"}.
     """
 
-
     @staticmethod
     def forward(y, k, kind):
         return _capped_forward(y, k, kind)
@@ -276,6 +275,12 @@ class _CappedSimplex(torch.autograd.Function):
             return None, None, None
         (z,) = ctx.saved_tensors
         return _capped_vjp(z, g, ctx.kind), None, None
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        # the forward iterates to convergence (host reads): the vmapped dim is folded into the
+        # batch
+        return fold_vmap(_CappedSimplex, info, in_dims, args, batched=(0,))
 
 
 def _capped_optimality(kind: str, k: int):
@@ -374,7 +379,3 @@ def relaxed_topk(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0,
         tensor([1., 0., 1., 0.], grad_fn=<_CappedSimplexBackward>)
     """
     return regularized_argmax(w, KSubset(k), regularizer, tau, backward)
-
-
-# the forward iterates to convergence (host reads): vmap folds the vmapped dim into the batch
-_CappedSimplex.vmap = fold_vmap(_CappedSimplex, batched=(0,))
