@@ -134,7 +134,8 @@ class BoxEmbedding(nn.Module):
         checked by :meth:`_load_from_state_dict`)."""
         _check_extra_state(state, self)
         self.beta = state["beta"]
-        self.init = tuple(float(v) for v in state["init"])
+        low, high = (float(v) for v in state["init"])
+        self.init = (low, high)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
                               **kwargs: Any) -> None:
@@ -178,7 +179,7 @@ class BoxEmbedding(nn.Module):
             lo, hi = torch.aminmax(ids)
             check_value((lo >= 0) & (hi < self.num_entities),
                         f"ids must lie in [0, {self.num_entities})",
-                        lambda: int(lo) if int(lo) < 0 else int(hi))
+                        lambda: str(int(lo) if int(lo) < 0 else int(hi)))
         p1, p2 = self.param1, self.param2
         ids = ids.to(device=p1.device, dtype=torch.long)
         return self._make_box(F.embedding(ids, p1), F.embedding(ids, p2))

@@ -57,7 +57,7 @@ class _GumbelIntersection(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(lo_a: torch.Tensor, hi_a: torch.Tensor,  # type: ignore[override]
+    def forward(lo_a: torch.Tensor, hi_a: torch.Tensor,
                 lo_b: torch.Tensor, hi_b: torch.Tensor, beta: float
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         c = 1.0 / beta
@@ -73,7 +73,7 @@ class _GumbelIntersection(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, g_lower: torch.Tensor, g_upper: torch.Tensor  # type: ignore[override]
+    def backward(ctx: Any, g_lower: torch.Tensor, g_upper: torch.Tensor
                  ) -> tuple:
         lo_a, hi_a, lo_b, hi_b = ctx.saved_tensors
         need = ctx.needs_input_grad
@@ -281,7 +281,7 @@ def _log1m_containment(log_p: torch.Tensor, a: Box, b: Box, beta: float | torch.
     inside = log_p < 0       # P = 1 exactly: -inf, with a zero (not NaN) gradient
     far = torch.where(inside, _log1mexp(torch.where(inside, log_p, torch.full_like(log_p, -1.0))),
                       torch.full_like(log_p, -math.inf))
-    if beta is None:
+    if beta is None or vbeta is None:  # vbeta defaults to beta: both set or both None
         return far
     nested, near = _log1m_nested(a, b, beta, vbeta, approx)
     return _merge_nested(far, nested.expand_as(far), near)

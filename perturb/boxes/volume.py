@@ -198,8 +198,8 @@ def _k0_poly(u: torch.Tensor, part: int) -> torch.Tensor:
 def _horner(table: torch.Tensor, idx: torch.Tensor, s: torch.Tensor, n: int, both: bool
             ) -> torch.Tensor:
     """Σ_i table[i, idx]·s^i (per pair of rows when ``both``): one gather, n addcmul."""
-    cols = table.index_select(1, idx)
-    cols = (cols.view(n + 1, 2, -1) if both else cols).unbind(0)
+    picked = table.index_select(1, idx)
+    cols = (picked.view(n + 1, 2, -1) if both else picked).unbind(0)
     acc = cols[n]
     for i in range(n - 1, -1, -1):
         acc = torch.addcmul(cols[i], acc, s)
@@ -242,13 +242,22 @@ def _log_k0_exp(u: torch.Tensor, value: bool = True, slope: bool = True
 
 def _log_k0_exp_value(u: torch.Tensor) -> torch.Tensor:
     """g(u) = log K0(e^u) for every finite u (:func:`_log_k0_exp`)."""
-    return _log_k0_exp(u, slope=False)[0]
+    g = _log_k0_exp(u, slope=False)[0]
+    assert g is not None  # value=True
+    return g
+
+
+def _log_k0_exp_slope(u: torch.Tensor) -> torch.Tensor:
+    """q(u) = −g'(u) = z·K1(z)/K0(z), z = e^u (:func:`_log_k0_exp`)."""
+    q = _log_k0_exp(u, value=False)[1]
+    assert q is not None  # slope=True
+    return q
 
 
 def _log_k0_exp_grad(u: torch.Tensor) -> torch.Tensor:
     """g'(u) = −z K1(z)/K0(z), z = e^u (−1/(log 2 − u − γ) for u < −20, constant beyond
     u_max; :func:`_log_k0_exp`)."""
-    return _log_k0_exp(u, value=False)[1].neg_()
+    return _log_k0_exp_slope(u).neg_()
 
 
 def _log_k0_exp_backward(u: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
@@ -267,7 +276,7 @@ class _LogK0Exp(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(u: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(u: torch.Tensor) -> torch.Tensor:
         return _log_k0_exp_value(u)
 
     @staticmethod
@@ -277,7 +286,7 @@ class _LogK0Exp(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor | None:
         (u,) = ctx.saved_tensors
         if not ctx.needs_input_grad[0]:
             return None
@@ -313,7 +322,7 @@ class _LogNegGPrime(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+    def forward(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return _log_neg_g_prime(u)
 
     @staticmethod
@@ -323,7 +332,7 @@ class _LogNegGPrime(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_value: torch.Tensor, _: torch.Tensor  # type: ignore[override]
+    def backward(ctx: Any, grad_value: torch.Tensor, _: torch.Tensor
                  ) -> torch.Tensor:
         (slope,) = ctx.saved_tensors
         return grad_value * slope
@@ -390,7 +399,7 @@ class _LogVolume(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(lower: torch.Tensor, upper: torch.Tensor,  # type: ignore[override]
+    def forward(lower: torch.Tensor, upper: torch.Tensor,
                 scale: float, shift: float, exact: bool, slope: bool = True
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         t = upper - lower
@@ -398,7 +407,8 @@ class _LogVolume(torch.autograd.Function):
         if exact:
             t.mul_(-0.5 / scale).add_(_LOG2)
             value, q = _log_k0_exp(t, slope=slope)
-            aux = q if slope else t
+            assert value is not None  # value=True
+            aux = q if q is not None else t
             const = d * math.log(2.0 * scale)
         else:
             t.mul_(1.0 / scale)
@@ -420,7 +430,7 @@ class _LogVolume(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_out: torch.Tensor, *_: torch.Tensor  # type: ignore[override]
+    def backward(ctx: Any, grad_out: torch.Tensor, *_: torch.Tensor
                  ) -> tuple:
         (aux,) = ctx.saved_tensors
         if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
@@ -439,7 +449,7 @@ def _log_volume_backward(aux: torch.Tensor, grad_out: torch.Tensor, scale: float
     ``is_slope``, else u), ``grad_out`` the incoming gradient of shape ``(*batch,)``.
     """
     if exact:
-        q = aux if is_slope else _log_k0_exp(aux, value=False)[1]
+        q = aux if is_slope else _log_k0_exp_slope(aux)
         return q * (grad_out * (0.5 / scale)).unsqueeze(-1)
     return _log_softplus_grad(aux).mul_((grad_out / scale).unsqueeze(-1))
 

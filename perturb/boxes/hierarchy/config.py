@@ -121,11 +121,12 @@ class HierarchyConfig:
         if self.volume_beta is not None:
             check_tau(self.volume_beta, "volume_beta")
             set_("volume_beta", float(self.volume_beta))
-        init = self.init
-        if isinstance(init, numbers.Real) and not isinstance(init, bool):
-            init = (init, init)
+        raw: Any = self.init
+        if isinstance(raw, numbers.Real) and not isinstance(raw, bool):
+            raw = (raw, raw)
+        init: tuple[float, ...] | None
         try:
-            init = tuple(float(v) for v in init)
+            init = tuple(float(v) for v in raw)
         except (TypeError, ValueError):
             init = None
         if init is None or len(init) != 2 or not (0.0 < init[0] <= init[1] < 1.0):

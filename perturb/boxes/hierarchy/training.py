@@ -485,14 +485,14 @@ def train_hierarchy(graph: nx.DiGraph, dim: int | None = None, method: str | Non
                     n, include_self=True, device=model.device)
     trainer = Trainer(model, pos, known, cfg, spawn_generator(host, model.device))
     header = checkpoint_header(cfg, pos, n) if checkpoint is not None else None
-    if resume and os.path.exists(checkpoint):
+    if resume and checkpoint is not None and os.path.exists(checkpoint):
         state = load_checkpoint(checkpoint, header)
         trainer.load_state_dict(state["trainer"])
         host.set_state(state["host_generator"])
     bar = _progress(range(trainer.epoch, cfg.epochs), progress, f"{model.method} d={model.dim}")
     for _ in bar:
         trainer.run_epoch(eval_fn)
-        if header is not None and (trainer.epoch % cfg.checkpoint_every == 0
+        if header is not None and checkpoint is not None and (trainer.epoch % cfg.checkpoint_every == 0
                                    or trainer.epoch == cfg.epochs):
             atomic_save({**header, "trainer": trainer.state_dict(),
                          "host_generator": host.get_state()}, checkpoint)

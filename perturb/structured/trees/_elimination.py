@@ -323,6 +323,7 @@ def _small_hvp(omega: torch.Tensor, vr: torch.Tensor, E: torch.Tensor | None,
     Σ_T p_T 1_T (⟨1_T, ω̇⟩ − ⟨ν, ω̇⟩), with the tree incidence E; otherwise a double backward
     through the log-space elimination of its m + 1 nodes."""
     if E is not None:
+        assert p is not None  # _small_marginals returns the tree probabilities with E
         t = od.flatten(-2) @ E.mT
         a = (nu * od).sum((-1, -2)).unsqueeze(-1)
         return ((p * (t - a)) @ E).view_as(nu)
