@@ -212,12 +212,14 @@ def _box_demo(results: dict) -> str:
                      f"{volume(parent, beta=beta).item():.4f}",
                      f"{containment_prob(parent, child, beta=beta).item():.4f}",
                      f"{containment_prob(child, parent, beta=beta).item():.4f}",
-                     f"{containment_prob(far, child, beta=beta).item():.3g}"])
+                     f"{containment_prob(far, child, beta=beta, log=True).item():.4g}"])
     results["boxes"] = {r[0]: [float(v) for v in r[1:]] for r in rows}
     return ("Gumbel boxes: volumes and containment probabilities P(b ⊆ a) approach the hard "
-            "ones as β → 0, but stay positive (and have gradients) for disjoint boxes:\n\n"
+            "ones as β → 0; for disjoint boxes the hard probability is 0 with no gradient, the "
+            "Gumbel log-probability stays finite and has one (the probability itself underflows "
+            "to 0 in floating point once it is below e^-104 in float32):\n\n"
             + md_table(["boxes", "Vol(parent)", "P(child ⊆ parent)", "P(parent ⊆ child)",
-                         "P(child ⊆ far box)"], rows) + "\n")
+                         "log P(child ⊆ far box)"], rows) + "\n")
 
 
 # >>> DEMO SECTIONS: each is `section(args, out_dir, results) -> markdown`, its numbers put in

@@ -62,7 +62,8 @@ def check_quickstart(r, out):
         if not name.startswith("Permutations"):                      # Sinkhorn stops short
             assert errors[-1] < 1e-2, name
     hard, coarse, fine = (r["boxes"][k] for k in ("hard", "Gumbel β=0.1", "Gumbel β=0.01"))
-    assert hard[:3] == [1.0, 1.0, 0.16] and hard[3] == 0.0   # child ⊆ parent; disjoint: 0
+    assert hard[:3] == [1.0, 1.0, 0.16] and hard[3] == -math.inf  # child ⊆ parent; disjoint
+    assert math.isfinite(coarse[3]) and math.isfinite(fine[3])    # Gumbel: log P stays finite
     for i in range(3):                                  # Gumbel boxes → hard boxes as β → 0
         assert abs(fine[i] - hard[i]) < abs(coarse[i] - hard[i])
     assert r["relaxations"]["sparsemax τ=0.1"]["support"] < 5     # sparsemax has exact zeros
