@@ -30,6 +30,9 @@ CASES = {
     "sinkhorn unroll": lambda: structured.sinkhorn(W, tau=0.5, n_iters=30, backward="unroll"),
     "gumbel_sinkhorn": lambda: structured.gumbel_sinkhorn(W, tau=0.5),
     "relax permutations": lambda: perturb.relax(W, structured.Permutations(), tau=0.5),
+    "spanning_tree_marginals": lambda: structured.spanning_tree_marginals(W),
+    "arborescence_marginals": lambda: structured.arborescence_marginals(W, root=1),
+    "relax spanning trees": lambda: perturb.relax(W, structured.SpanningTrees(), tau=0.5),
 }
 
 
@@ -107,3 +110,22 @@ def test_compiled_sinkhorn_matches_eager():
     torch.testing.assert_close(grad_compiled, grad_eager, atol=1e-7, rtol=1e-6)
     torch.testing.assert_close(compiled.sum(-1), torch.ones(2, 6, dtype=torch.float64),
                                atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda w: structured.spanning_tree_marginals(w, tau=0.7),
+    lambda w: structured.arborescence_marginals(
+        w, root=2, lengths=torch.tensor([6, 4]), mask=torch.ones(6, 6, dtype=torch.bool)),
+])
+def test_compiled_tree_marginals_match_eager(fn):
+    # under compilation the marginals are one custom operator (the eager solve inside) and
+    # the backward a second one: the same numbers, value and gradient
+    w = 20 * torch.randn(2, 6, 6, dtype=torch.float64)   # peaked: the fallback tiers run too
+    w.requires_grad_(True)
+    g = torch.randn(2, 6, 6, dtype=torch.float64)
+    compiled = torch.compile(fn, backend="eager", fullgraph=True)(w)
+    (grad_compiled,) = torch.autograd.grad((compiled * g).sum(), w)
+    eager = fn(w)
+    (grad_eager,) = torch.autograd.grad((eager * g).sum(), w)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    torch.testing.assert_close(grad_compiled, grad_eager, rtol=1e-12, atol=1e-12)

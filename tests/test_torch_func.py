@@ -25,6 +25,10 @@ CASES = {
     "ksubset binary entropy": (lambda x: perturb.regularized_argmax(
         x, structured.KSubset(2), perturb.BinaryEntropy()), X, False),
     "sinkhorn": (lambda w: structured.sinkhorn(w, n_iters=200), W, False),
+    "spanning_tree_marginals": (lambda w: structured.spanning_tree_marginals(w), W, False),
+    "arborescence_marginals": (lambda w: structured.arborescence_marginals(w, root=1), W, False),
+    "peaked arborescence_marginals": (
+        lambda w: structured.arborescence_marginals(20 * w), W, False),
 }
 
 
@@ -45,3 +49,14 @@ def test_jacobians_match_autograd(name):
     assert float(expected.abs().sum()) > 0
     if forward_mode:
         torch.testing.assert_close(jacfwd(fn)(x0), expected)
+
+
+def test_vmap_tree_marginals_with_lengths_and_mask():
+    w = torch.randn(3, 6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    lengths = torch.tensor([6, 5, 4])
+    mask = torch.rand(6, 6, generator=torch.Generator().manual_seed(2)) > 0.2
+    mask = mask | mask.T
+
+    def fn(x, n):
+        return structured.arborescence_marginals(x, lengths=n, mask=mask)
+    torch.testing.assert_close(vmap(fn)(w, lengths), fn(w, lengths))

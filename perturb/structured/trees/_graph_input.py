@@ -33,7 +33,8 @@ def _node_mask(w: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor | 
     if shape != w.shape[:-2]:
         raise ValueError(f"lengths must broadcast to the batch shape {tuple(w.shape[:-2])}, "
                          f"got shape {tuple(lengths.shape)}")
-    if bool(((lengths < 2) | (lengths > n)).any()):
+    if not (_validation._compiling() or _validation._unreadable(lengths)) and bool(
+            ((lengths < 2) | (lengths > n)).any()):
         raise ValueError(f"lengths must lie in [2, n={n}], got values in "
                          f"[{int(lengths.min())}, {int(lengths.max())}]")
     return torch.arange(n, device=w.device) < lengths.unsqueeze(-1)
@@ -125,9 +126,12 @@ def _prepare(w, tau, mask, lengths, root, symmetric, name="w"):
     # [0, n − 1] (no Python-style wrap-around, no None)
     root = 0 if symmetric else check_int(root, "root", low=0, high=n - 1)
     nodes = _node_mask(w, lengths)
-    if nodes is not None and root != 0 and bool((~nodes[..., root]).any()):
+    # no host reads inside torch.compile / torch.func: the general path below
+    traced = _validation._compiling() or _validation._unreadable(w)
+    if (not traced and nodes is not None and root != 0
+            and bool((~nodes[..., root]).any())):
         raise ValueError(f"root={root} lies beyond the graph size given by lengths")
-    if mask is None and nodes is None and bool(torch.isfinite(w.detach().sum())):
+    if mask is None and nodes is None and (traced or bool(torch.isfinite(w.detach().sum()))):
         # common case: complete graph, no -inf (a finite sum rules out ±inf and NaN). The
         # allowed edges are the same for every batch element: an (n, n) pattern broadcast over
         # the batch (a view), the graph is connected (the root reaches every node directly),
@@ -146,7 +150,8 @@ def _prepare(w, tau, mask, lengths, root, symmetric, name="w"):
         dvalid[..., :, root] = False
     else:
         dvalid = valid
-    if not bool(valid.all()) or nodes is not None:
+    if not traced and (not bool(valid.all()) or nodes is not None):
+        # a value check: skipped inside torch.compile / torch.func like the others
         _check_connected(dvalid, nodes, root, directed=not symmetric)
     w_f = w.masked_fill(~valid, 0.0)
     if symmetric:

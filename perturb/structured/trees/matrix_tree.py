@@ -61,7 +61,9 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from perturb._validation import _compiling, _unreadable
 from perturb.backward import resolve_backward, solve_with_backward
+from perturb.structured.trees import _ops
 from perturb.structured.trees._graph_input import _prepare
 from perturb.structured.trees._elimination import (
     ReducedState,
@@ -396,9 +398,17 @@ def _log_partition(s, valid, nodes, root):
     return _TreeLogPartition.apply(s, valid, nodes, root)[0]
 
 
+def _analytic_marginals(s, valid, nodes, root):
+    return _TreeMarginals.apply(s, valid, nodes, root)[0]
+
+
 def _marginals(s, valid, nodes, root, backward):
     if backward == "analytic":
-        return _TreeMarginals.apply(s, valid, nodes, root)[0]
+        if _ops.AVAILABLE and (_compiling() or _unreadable(s)):
+            # torch.compile / torch.func: one opaque operator (no graph break, vmap folded
+            # into the batch); eager calls use the Function directly
+            return _ops.TracedMarginals.apply(s, valid, nodes, root)
+        return _analytic_marginals(s, valid, nodes, root)
     # "unroll": autograd through the log-space elimination (an independent algorithm),
     # differentiable again when s requires grad.
     x = s.to(_compute_dtype(s.dtype))

@@ -1,0 +1,104 @@
+"""The tree marginals as one opaque operator, for ``torch.compile`` and ``torch.func``.
+
+The marginals' fast path is checked a posteriori and only the failing problems are recomputed
+(:func:`.matrix_tree._solve`): a data-dependent choice, read on the host. Registered as custom
+operators (``torch.library.custom_op``), the whole solve is one node to the compiler (no graph
+break; it runs eagerly inside) and one batched call to ``vmap`` (the vmapped dim is folded into
+the batch). The backward is a second operator that recomputes the forward with the analytic VJP
+(:class:`.matrix_tree._TreeMarginals`): exact, once differentiable, about twice the eager cost.
+:class:`TracedMarginals` ties the two together with an autograd rule that torch.func accepts.
+Eager calls do not go through here. Needs ``torch.library.custom_op`` and ``register_vmap``
+(torch >= 2.4); without them :data:`AVAILABLE` is False and callers keep the eager path.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+AVAILABLE = all(hasattr(torch.library, f) for f in ("custom_op", "register_vmap"))
+
+
+def _analytic(s: torch.Tensor, valid: torch.Tensor, nodes: Optional[torch.Tensor],
+              root: int) -> torch.Tensor:
+    from perturb.structured.trees.matrix_tree import _analytic_marginals  # (import cycle)
+    return _analytic_marginals(s, valid, nodes, root)
+
+
+def _fold(info: Any, in_dims: tuple, s: torch.Tensor, valid: torch.Tensor,
+          nodes: Optional[torch.Tensor], *rest: Any) -> tuple:
+    """Arguments with the vmapped dim leading: the scores (and a gradient in ``rest``) get it
+    (expanded when they are not vmapped); the edge and node masks broadcast as they are."""
+    def lead(x, d, expand):
+        if not isinstance(x, torch.Tensor):
+            return x
+        if d is not None:
+            return x.movedim(d, 0)
+        return x.unsqueeze(0).expand(info.batch_size, *x.shape) if expand else x
+    dims = list(in_dims) + [None] * (3 + len(rest) - len(in_dims))
+    s = lead(s, dims[0], True)
+    valid, nodes = lead(valid, dims[1], False), lead(nodes, dims[2], False)
+    rest = tuple(lead(x, d, True) for x, d in zip(rest, dims[3:]))
+    return (s, valid, nodes, *rest)
+
+
+if AVAILABLE:
+    @torch.library.custom_op("perturb::tree_marginals", mutates_args=())
+    def tree_marginals(s: torch.Tensor, valid: torch.Tensor, nodes: Optional[torch.Tensor],
+                       root: int) -> torch.Tensor:
+        return _analytic(s, valid, nodes, root).clone()
+
+    @torch.library.custom_op("perturb::tree_marginals_backward", mutates_args=())
+    def tree_marginals_backward(s: torch.Tensor, valid: torch.Tensor,
+                                nodes: Optional[torch.Tensor], root: int,
+                                grad: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():
+            x = s.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(_analytic(x, valid, nodes, root), x, grad)
+        return g
+
+    @tree_marginals.register_fake
+    def _(s, valid, nodes, root):
+        return torch.empty_like(s)
+
+    @tree_marginals_backward.register_fake
+    def _(s, valid, nodes, root, grad):
+        return torch.empty_like(s)
+
+    def _vmap_forward(info, in_dims, s, valid, nodes, root):
+        s, valid, nodes = _fold(info, in_dims, s, valid, nodes)
+        return tree_marginals(s, valid, nodes, root), 0
+
+    def _vmap_backward(info, in_dims, s, valid, nodes, root, grad):
+        s, valid, nodes, _, grad = _fold(info, in_dims, s, valid, nodes, root, grad)
+        return tree_marginals_backward(s, valid, nodes, root, grad), 0
+
+    torch.library.register_vmap(tree_marginals, _vmap_forward)
+    torch.library.register_vmap(tree_marginals_backward, _vmap_backward)
+
+
+class TracedMarginals(torch.autograd.Function):
+    """The two operators with an autograd rule in the setup_context style (torch.func accepts
+    it) and a vmap rule that folds the vmapped dim into the batch; under ``jacrev`` the backward
+    operator is vmapped by its own rule."""
+
+    @staticmethod
+    def forward(s, valid, nodes, root):
+        return tree_marginals(s, valid, nodes, root)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        s, valid, nodes, root = inputs
+        ctx.root, ctx.has_nodes = root, nodes is not None
+        ctx.save_for_backward(s, valid, nodes if nodes is not None else s.new_empty(0))
+
+    @staticmethod
+    def backward(ctx, grad):
+        s, valid, nodes = ctx.saved_tensors
+        nodes = nodes if ctx.has_nodes else None
+        return tree_marginals_backward(s, valid, nodes, ctx.root, grad), None, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, s, valid, nodes, root):
+        s, valid, nodes = _fold(info, in_dims, s, valid, nodes)
+        return TracedMarginals.apply(s, valid, nodes, root), 0
