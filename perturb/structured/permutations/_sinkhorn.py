@@ -627,5 +627,6 @@ class _SinkhornImplicit(torch.autograd.Function):
     def vmap(info, in_dims, *args):
         # the forward iterates to convergence (host reads): the vmapped dim is folded into the
         # batch; the iteration count is the one output without batch dims
-        return fold_vmap(_SinkhornImplicit, info, in_dims, args, batched=range(7),
-                         unbatched_outputs=(2,))
+        # (w carries the batch; τ, a, b and the masks broadcast against it)
+        return fold_vmap(_SinkhornImplicit.apply, info, in_dims, args, expand=(0,),
+                         broadcast=range(1, 7), unbatched_outputs=(2,))

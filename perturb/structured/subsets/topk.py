@@ -280,7 +280,7 @@ class _CappedSimplex(torch.autograd.Function):
     def vmap(info, in_dims, *args):
         # the forward iterates to convergence (host reads): the vmapped dim is folded into the
         # batch
-        return fold_vmap(_CappedSimplex, info, in_dims, args, batched=(0,))
+        return fold_vmap(_CappedSimplex.apply, info, in_dims, args, expand=(0,))
 
 
 def _capped_optimality(kind: str, k: int):

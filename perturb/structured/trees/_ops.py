@@ -12,9 +12,11 @@ Eager calls do not go through here. Needs ``torch.library.custom_op`` and ``regi
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import torch
+
+from perturb._vmap import fold_vmap
 
 AVAILABLE = all(hasattr(torch.library, f) for f in ("custom_op", "register_vmap"))
 
@@ -23,23 +25,6 @@ def _analytic(s: torch.Tensor, valid: torch.Tensor, nodes: Optional[torch.Tensor
               root: int) -> torch.Tensor:
     from perturb.structured.trees.matrix_tree import _analytic_marginals  # (import cycle)
     return _analytic_marginals(s, valid, nodes, root)
-
-
-def _fold(info: Any, in_dims: tuple, s: torch.Tensor, valid: torch.Tensor,
-          nodes: Optional[torch.Tensor], *rest: Any) -> tuple:
-    """Arguments with the vmapped dim leading: the scores (and a gradient in ``rest``) get it
-    (expanded when they are not vmapped); the edge and node masks broadcast as they are."""
-    def lead(x, d, expand):
-        if not isinstance(x, torch.Tensor):
-            return x
-        if d is not None:
-            return x.movedim(d, 0)
-        return x.unsqueeze(0).expand(info.batch_size, *x.shape) if expand else x
-    dims = list(in_dims) + [None] * (3 + len(rest) - len(in_dims))
-    s = lead(s, dims[0], True)
-    valid, nodes = lead(valid, dims[1], False), lead(nodes, dims[2], False)
-    rest = tuple(lead(x, d, True) for x, d in zip(rest, dims[3:]))
-    return (s, valid, nodes, *rest)
 
 
 if AVAILABLE:
@@ -65,13 +50,13 @@ if AVAILABLE:
     def _(s, valid, nodes, root, grad):
         return torch.empty_like(s)
 
-    def _vmap_forward(info, in_dims, s, valid, nodes, root):
-        s, valid, nodes = _fold(info, in_dims, s, valid, nodes)
-        return tree_marginals(s, valid, nodes, root), 0
+    # the scores (and the gradient) carry the vmapped dim; the edge and node masks broadcast
+    def _vmap_forward(info, in_dims, *args):
+        return fold_vmap(tree_marginals, info, in_dims, args, expand=(0,), broadcast=(1, 2))
 
-    def _vmap_backward(info, in_dims, s, valid, nodes, root, grad):
-        s, valid, nodes, _, grad = _fold(info, in_dims, s, valid, nodes, root, grad)
-        return tree_marginals_backward(s, valid, nodes, root, grad), 0
+    def _vmap_backward(info, in_dims, *args):
+        return fold_vmap(tree_marginals_backward, info, in_dims, args, expand=(0, 4),
+                         broadcast=(1, 2))
 
     torch.library.register_vmap(tree_marginals, _vmap_forward)
     torch.library.register_vmap(tree_marginals_backward, _vmap_backward)
@@ -99,6 +84,6 @@ class TracedMarginals(torch.autograd.Function):
         return tree_marginals_backward(s, valid, nodes, ctx.root, grad), None, None, None
 
     @staticmethod
-    def vmap(info, in_dims, s, valid, nodes, root):
-        s, valid, nodes = _fold(info, in_dims, s, valid, nodes)
-        return TracedMarginals.apply(s, valid, nodes, root), 0
+    def vmap(info, in_dims, *args):
+        return fold_vmap(TracedMarginals.apply, info, in_dims, args, expand=(0,),
+                         broadcast=(1, 2))
