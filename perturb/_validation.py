@@ -97,12 +97,19 @@ def _compiling() -> bool:
     return torch._dynamo.is_compiling()  # torch < 2.3
 
 
+def traced(t: torch.Tensor) -> bool:
+    """Whether a host read of ``t`` is impossible here: it would break a ``torch.compile``
+    graph, or fail inside a ``torch.func`` transform. Data-dependent shortcuts take their
+    general path there, and value checks are traced or skipped."""
+    return _compiling() or _unreadable(t)
+
+
 def reads_stall(t: torch.Tensor) -> bool:
     """Whether reading a value of ``t`` on the host would stall its device (CUDA), break a
     ``torch.compile`` graph or fail inside a ``torch.func`` transform: there, value checks
     become device-side asserts (``torch._assert_async``; skipped inside ``torch.func``) and
     data-dependent shortcuts take their general path."""
-    return t.device.type in _ASYNC_DEVICES or _compiling() or _unreadable(t)
+    return t.device.type in _ASYNC_DEVICES or traced(t)
 
 
 def _unreadable(t: torch.Tensor) -> bool:

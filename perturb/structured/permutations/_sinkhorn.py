@@ -53,7 +53,7 @@ from typing import NamedTuple
 
 import torch
 
-from perturb._validation import _compiling, _unreadable
+from perturb._validation import _compiling, traced
 from perturb._vmap import fold_vmap
 
 
@@ -373,10 +373,7 @@ def sinkhorn_iterate(log_k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
         return SinkhornSolution(sol.plan.float(), sol.u.float(), sol.v.float(),
                                 sol.error.float(), sol.n_iters, sol.tol.float())
     log_k = log_k - shift_r - shift_c
-    rv = None if row_valid is None else row_valid.unsqueeze(-1)
-    cv = None if col_valid is None else col_valid.unsqueeze(-2)
-    log_a = torch.log(a if row_valid is None else torch.where(row_valid, a, 1.0)).unsqueeze(-1)
-    log_b = torch.log(b if col_valid is None else torch.where(col_valid, b, 1.0)).unsqueeze(-2)
+    rv, cv, log_a, log_b = _log_marginals(a, b, row_valid, col_valid)
     u = torch.zeros_like(log_a)
     v = torch.zeros_like(log_b)
     # scalings beyond e^safe could overflow K·ev products over a block: redo it in log space
@@ -468,10 +465,7 @@ def _iterate_traced(log_k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     ``log_k`` comes centred."""
     from torch._higher_order_ops.while_loop import while_loop
 
-    rv = None if row_valid is None else row_valid.unsqueeze(-1)
-    cv = None if col_valid is None else col_valid.unsqueeze(-2)
-    log_a = torch.log(a if row_valid is None else torch.where(row_valid, a, 1.0)).unsqueeze(-1)
-    log_b = torch.log(b if col_valid is None else torch.where(col_valid, b, 1.0)).unsqueeze(-2)
+    rv, cv, log_a, log_b = _log_marginals(a, b, row_valid, col_valid)
     a_col = a.unsqueeze(-1)
 
     def running(it, u, v, error):
@@ -488,6 +482,17 @@ def _iterate_traced(log_k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     if pad is not None:
         plan = torch.where(pad, 0.0, plan)
     return SinkhornSolution(plan, u.squeeze(-1), v.squeeze(-2), error, it, tol_t)
+
+
+def _log_marginals(a: torch.Tensor, b: torch.Tensor, row_valid: torch.Tensor | None,
+                   col_valid: torch.Tensor | None):
+    """(row mask ``(*batch, n, 1)``, column mask ``(*batch, 1, m)``, log a as a column, log b as
+    a row); padded rows and columns get log 1 = 0 (the masks are None when all are valid)."""
+    rv = None if row_valid is None else row_valid.unsqueeze(-1)
+    cv = None if col_valid is None else col_valid.unsqueeze(-2)
+    log_a = torch.log(a if row_valid is None else torch.where(row_valid, a, 1.0)).unsqueeze(-1)
+    log_b = torch.log(b if col_valid is None else torch.where(col_valid, b, 1.0)).unsqueeze(-2)
+    return rv, cv, log_a, log_b
 
 
 def _valid_entries(row_valid: torch.Tensor | None, col_valid: torch.Tensor | None,
@@ -508,7 +513,7 @@ def _solve_psd(S: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     ridge = (10 * m * eps) * scale
     S = S + torch.diag_embed(ridge.expand(*S.shape[:-1]))
     L, info = torch.linalg.cholesky_ex(S)
-    if _compiling() or _unreadable(info):
+    if traced(info):
         # no host read possible (torch.compile, torch.func): both solves, chosen per problem;
         # LU instead of lstsq, whose output shapes are data-dependent for the compiler
         chol = torch.cholesky_solve(rhs.unsqueeze(-1), L).squeeze(-1)

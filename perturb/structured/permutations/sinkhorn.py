@@ -33,12 +33,11 @@ import torch
 
 from perturb._precision import full_precision
 from perturb._validation import (
-    _compiling,
-    _unreadable,
     broadcasts_to,
     check_int,
     check_scores,
     check_tau,
+    traced,
     validation_enabled,
 )
 from perturb.backward import resolve_backward, solve_with_backward
@@ -274,7 +273,7 @@ def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: 
 
 def _warn_if_inaccurate(error: torch.Tensor, tol_used: torch.Tensor, tol: float, n_iters: int,
                         tau: torch.Tensor, a: torch.Tensor, dtype: torch.dtype) -> None:
-    if _unreadable(error) or _compiling():  # no host read inside torch.func / torch.compile
+    if traced(error):  # no host read inside torch.func / torch.compile
         return
     if not bool((error <= tol_used).all()):
         warnings.warn(

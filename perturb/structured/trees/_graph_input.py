@@ -33,7 +33,7 @@ def _node_mask(w: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor | 
     if shape != w.shape[:-2]:
         raise ValueError(f"lengths must broadcast to the batch shape {tuple(w.shape[:-2])}, "
                          f"got shape {tuple(lengths.shape)}")
-    if not (_validation._compiling() or _validation._unreadable(lengths)) and bool(
+    if not _validation.traced(lengths) and bool(
             ((lengths < 2) | (lengths > n)).any()):
         raise ValueError(f"lengths must lie in [2, n={n}], got values in "
                          f"[{int(lengths.min())}, {int(lengths.max())}]")
@@ -127,7 +127,7 @@ def _prepare(w, tau, mask, lengths, root, symmetric, name="w"):
     root = 0 if symmetric else check_int(root, "root", low=0, high=n - 1)
     nodes = _node_mask(w, lengths)
     # no host reads inside torch.compile / torch.func: the general path below
-    traced = _validation._compiling() or _validation._unreadable(w)
+    traced = _validation.traced(w)
     if (not traced and nodes is not None and root != 0
             and bool((~nodes[..., root]).any())):
         raise ValueError(f"root={root} lies beyond the graph size given by lengths")

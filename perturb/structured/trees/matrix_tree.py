@@ -61,7 +61,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from perturb._validation import _compiling, _unreadable
+from perturb._validation import traced
 from perturb.backward import resolve_backward, solve_with_backward
 from perturb.structured.trees import _ops
 from perturb.structured.trees._graph_input import _prepare
@@ -404,7 +404,7 @@ def _analytic_marginals(s, valid, nodes, root):
 
 def _marginals(s, valid, nodes, root, backward):
     if backward == "analytic":
-        if _ops.AVAILABLE and (_compiling() or _unreadable(s)):
+        if _ops.AVAILABLE and traced(s):
             # torch.compile / torch.func: one opaque operator (no graph break, vmap folded
             # into the batch); eager calls use the Function directly
             return _ops.TracedMarginals.apply(s, valid, nodes, root)
