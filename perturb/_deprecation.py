@@ -12,8 +12,14 @@ from typing import Any
 REMOVED_IN = "0.3"
 
 
-def renamed(fn: str, old: str, old_value: Any, new: str, new_value: Any, default: Any,
-            hint: str = "") -> Any:
+def warn_deprecated(fn: str, old: str, instead: str) -> None:
+    """The ``FutureWarning`` for argument ``old`` of ``fn``, pointing at the user's call (``fn``
+    calls a helper that calls this)."""
+    warnings.warn(f"{fn}(): {old}= is deprecated and will be removed in perturb {REMOVED_IN}; "
+                  f"{instead}", FutureWarning, stacklevel=4)
+
+
+def renamed(fn: str, old: str, old_value: Any, new: str, new_value: Any, default: Any) -> Any:
     """The value of argument ``new``, accepting the deprecated spelling ``old``.
 
     ``old_value`` is None when the old name was not passed. Passing both (the new one away from
@@ -23,6 +29,5 @@ def renamed(fn: str, old: str, old_value: Any, new: str, new_value: Any, default
         return new_value
     if new_value is not default and new_value != default:
         raise TypeError(f"{fn}() got both {old}= (deprecated) and {new}=; pass only {new}=")
-    warnings.warn(f"{fn}(): {old}= is deprecated and will be removed in perturb {REMOVED_IN}; "
-                  f"use {new}={hint or '...'} instead", FutureWarning, stacklevel=3)
+    warn_deprecated(fn, old, f"use {new}=... instead")
     return old_value

@@ -38,12 +38,12 @@ References:
 from __future__ import annotations
 
 import numbers
-import warnings
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from perturb._deprecation import warn_deprecated
 from perturb._validation import (
     broadcasts_to,
     check_choice,
@@ -138,9 +138,9 @@ def _noise_and_sigma(fn: str, noise: Any, sigma: float | None) -> tuple[Noise, f
         sigma, noise = float(noise), None
     if sigma is None:
         return (Gumbel() if noise is None else noise), 1.0
-    warnings.warn(f"{fn}(): sigma= is deprecated and will be removed in perturb 0.3; the noise "
-                  f"object carries the scale: pass noise=Normal(scale=sigma) (sigma multiplied "
-                  f"noise.scale, and the default noise was Normal())", FutureWarning, stacklevel=3)
+    warn_deprecated(fn, "sigma", "the noise object carries the scale: pass "
+                    "noise=Normal(scale=sigma) (sigma multiplied noise.scale, and the default "
+                    "noise was Normal())")
     check_positive(sigma, "sigma")
     return (Normal() if noise is None else noise), float(sigma)
 
