@@ -188,6 +188,36 @@ class BoxEmbedding(nn.Module):
         """Every entity's box, shape ``(num_entities, dim)``."""
         return self._make_box(self.param1, self.param2)
 
+    @torch.no_grad()
+    def set_boxes(self, box: Box) -> None:
+        """Set the parameters so that ``all_boxes()`` returns ``box`` (up to rounding): the
+        inverse of the parameterisation, in place (the Parameters, and so optimizers holding
+        them, stay the same objects).
+
+        Args:
+            box: ``(num_entities, dim)`` boxes with positive sides (for ``"sigmoid"``, inside
+                the open unit cube). Converted to the parameters' dtype and device.
+
+        Raises:
+            ValueError: a wrong shape, a non-positive side, a non-finite corner, or (sigmoid)
+                a box outside ``(0, 1)^d``.
+        """
+        if not isinstance(box, Box) or tuple(box.shape) != (self.num_entities, self.dim):
+            got = tuple(box.shape) if isinstance(box, Box) else type(box).__name__
+            raise ValueError(f"box must be a Box of shape ({self.num_entities}, {self.dim}), "
+                             f"got {got}")
+        lower, upper = box.lower, box.upper
+        side = upper - lower
+        if not bool(torch.isfinite(lower).all() and torch.isfinite(upper).all()):
+            raise ValueError("box corners must be finite")
+        if not bool((side > 0).all()):
+            raise ValueError("every box side must be > 0 (upper > lower)")
+        if self.parameterisation == "sigmoid" and not bool((lower > 0).all() & (upper < 1).all()):
+            raise ValueError("the sigmoid parameterisation holds boxes inside (0, 1)^d only")
+        p1, p2 = self._to_params(lower.double(), side.double())
+        self.param1.copy_(p1)
+        self.param2.copy_(p2)
+
     # --------------------------------------------------------------- convenience
     def volume(self, ids: torch.Tensor, log: bool = False) -> torch.Tensor:
         """Volume of the boxes of ``ids``: expected Gumbel volume with ``self.beta`` (hard if

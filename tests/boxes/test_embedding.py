@@ -175,3 +175,32 @@ def test_loading_another_parameterisation_or_size_is_a_clear_error():
     future = dict(src.state_dict(), _extra_state=dict(src.get_extra_state(), format=99))
     with pytest.raises(ValueError, match="format 99"):
         BoxEmbedding(5, 2, parameterisation="min_delta").load_state_dict(future)
+
+
+@pytest.mark.parametrize("param", PARAMS)
+def test_set_boxes_is_the_inverse_of_the_parameterisation(param):
+    emb = BoxEmbedding(6, 3, parameterisation=param, generator=torch.Generator().manual_seed(0),
+                       dtype=torch.float64)
+    gen = torch.Generator().manual_seed(1)
+    lower = 0.1 + 0.4 * torch.rand(6, 3, generator=gen, dtype=torch.float64)
+    upper = lower + 0.05 + 0.4 * torch.rand(6, 3, generator=gen, dtype=torch.float64)
+    p1 = emb.param1
+    emb.set_boxes(Box(lower, upper))
+    assert emb.param1 is p1                                      # same Parameter, in place
+    got = emb.all_boxes()
+    torch.testing.assert_close(got.lower, lower, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got.upper, upper, rtol=1e-12, atol=1e-12)
+
+
+def test_set_boxes_rejects_bad_boxes():
+    emb = BoxEmbedding(2, 2)
+    ok = torch.tensor([[0.1, 0.1], [0.2, 0.2]])
+    with pytest.raises(ValueError, match="shape"):
+        emb.set_boxes(Box(torch.zeros(3, 2), torch.ones(3, 2)))
+    with pytest.raises(ValueError, match="> 0"):
+        emb.set_boxes(Box(ok, ok))
+    with pytest.raises(ValueError, match="finite"):
+        emb.set_boxes(Box(ok, torch.full((2, 2), float("inf"))))
+    sig = BoxEmbedding(2, 2, parameterisation="sigmoid")
+    with pytest.raises(ValueError, match="unit cube|\\(0, 1\\)"):
+        sig.set_boxes(Box(ok, ok + 1.0))

@@ -4,7 +4,8 @@ as boxes, one per node, so that a child's box lies inside its parent's box.
 Modules: :mod:`~perturb.boxes.hierarchy.wordnet` and :mod:`~perturb.boxes.hierarchy.graphs`
 (data: WordNet 3.0, closures, synthetic DAGs), :mod:`~perturb.boxes.hierarchy.splits` (the
 generalisation splits and the published protocol), :mod:`~perturb.boxes.hierarchy.config`
-(one :class:`HierarchyConfig` for every trainer), :mod:`~perturb.boxes.hierarchy.model`,
+(one :class:`HierarchyConfig` for every trainer), :mod:`~perturb.boxes.hierarchy.init`
+(boxes nested along the training edges), :mod:`~perturb.boxes.hierarchy.model`,
 :mod:`~perturb.boxes.hierarchy.evaluation`, :mod:`~perturb.boxes.hierarchy.training`,
 :mod:`~perturb.boxes.hierarchy.distributed` and :mod:`~perturb.boxes.hierarchy.io` (saved
 models, atomic writes). See ``docs/box_hierarchy.md``.
@@ -18,6 +19,7 @@ from perturb.boxes.hierarchy.evaluation import (EvalResult, SplitEval, all_pairs
 from perturb.boxes.hierarchy.graphs import (balanced_tree, check_hierarchy, check_pairs,
                                             edge_index, random_dag, random_tree, sub_hierarchy,
                                             transitive_closure, transitive_reduction)
+from perturb.boxes.hierarchy.init import hierarchy_levels, nested_boxes
 from perturb.boxes.hierarchy.io import SavedModel, load_checkpoint, load_model, save_model
 from perturb.boxes.hierarchy.model import BoxHierarchyModel, PairScores, check_model
 from perturb.boxes.hierarchy.rng import resolve_generator
@@ -34,6 +36,8 @@ __all__ = [
     "HierarchyConfig",
     "BoxHierarchyModel",
     "PairScores",
+    "nested_boxes",
+    "hierarchy_levels",
     "train_hierarchy",
     "train_hierarchy_distributed",
     "Trainer",

@@ -17,10 +17,12 @@ import torch
 
 from perturb._validation import check_choice, check_int, check_tau
 
-__all__ = ["HierarchyConfig", "METHODS", "PARAMETERISATIONS"]
+__all__ = ["HierarchyConfig", "METHODS", "PARAMETERISATIONS", "INITIALIZERS"]
 
 #: Box models of :class:`~perturb.boxes.hierarchy.BoxHierarchyModel`.
 METHODS = ("gumbel", "soft", "hard")
+#: Initialisations of a run's boxes (:attr:`HierarchyConfig.initializer`).
+INITIALIZERS = ("random", "nested")
 #: Box parameterisations of :class:`~perturb.boxes.BoxEmbedding`.
 PARAMETERISATIONS = ("center_offset", "min_delta", "sigmoid")
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
@@ -40,7 +42,13 @@ class HierarchyConfig:
             ``beta``). The defaults (0.01, 0.1) follow Dasgupta et al. 2020.
         temperature: softplus temperature of soft volumes (> 0).
         parameterisation: "center_offset", "min_delta" or "sigmoid" (BoxEmbedding).
-        init: side-length range ``(min_side, max_side)`` at initialisation, in (0, 1).
+        init: side-length range ``(min_side, max_side)`` of the random initialisation, in
+            (0, 1).
+        initializer: "random" (boxes of ``init`` sides at uniform positions in the unit cube)
+            or "nested" (boxes nested along the training edges,
+            :func:`~perturb.boxes.hierarchy.nested_boxes`: every training edge, and so every
+            pair of their closure, starts as a strict containment; not with the "sigmoid"
+            parameterisation, whose boxes stay in the unit cube).
         dtype: parameter dtype, "float32" (default), "float64", "bfloat16" or "float16" (a
             ``torch.dtype`` is accepted and stored by name).
 
@@ -91,6 +99,7 @@ class HierarchyConfig:
     temperature: float = 0.1
     parameterisation: str = "center_offset"
     init: tuple[float, float] = (0.1, 0.5)
+    initializer: str = "random"
     dtype: str = "float32"
     epochs: int = 100
     lr: float = 0.05
@@ -115,6 +124,11 @@ class HierarchyConfig:
         check_choice(self.method, METHODS, "method")
         check_choice(self.parameterisation, PARAMETERISATIONS, "parameterisation")
         check_choice(self.sampler, ("auto", "adaptive", "fixed"), "sampler")
+        check_choice(self.initializer, INITIALIZERS, "initializer")
+        if self.initializer == "nested" and self.parameterisation == "sigmoid":
+            raise ValueError("initializer='nested' builds boxes of side up to 10, which the "
+                             "'sigmoid' parameterisation (boxes inside the unit cube) cannot "
+                             "hold; use 'center_offset' or 'min_delta'")
         for name in ("beta", "temperature", "lr"):
             check_tau(getattr(self, name), name)
             set_(name, float(getattr(self, name)))

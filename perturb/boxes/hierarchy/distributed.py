@@ -49,7 +49,7 @@ from perturb.boxes.hierarchy.io import atomic_save, checkpoint_header, load_chec
 from perturb.boxes.hierarchy.model import BoxHierarchyModel, PairScores
 from perturb.boxes.hierarchy.rng import resolve_generator
 from perturb.boxes.hierarchy.training import (Trainer, TrainHistory, TrainResult,
-                                              resolve_config, training_pairs)
+                                              initial_model, resolve_config, training_pairs)
 from perturb.boxes.losses import PairSet
 
 __all__ = ["train_hierarchy_distributed", "free_port", "select_backend", "BACKENDS"]
@@ -115,11 +115,13 @@ def _worker(rank: int, world_size: int, job: dict, out_path: str) -> None:
         if device is not None and torch.device(device).type == "cuda":
             device = torch.device("cuda", rank % torch.cuda.device_count())
             torch.cuda.set_device(device)
-        model = BoxHierarchyModel(job["num_nodes"], nodes=job["nodes"], device=device,
-                                  generator=torch.Generator().manual_seed(job["seed"]),
-                                  **job["model_kwargs"])
         if job["init_state"] is not None:
+            model = BoxHierarchyModel(job["num_nodes"], nodes=job["nodes"], device=device,
+                                      **job["model_kwargs"])
             model.load_state_dict(job["init_state"])
+        else:       # every rank builds the same boxes as train_hierarchy from the shared seed
+            model = initial_model(job["num_nodes"], job["nodes"], cfg, job["pos"],
+                                  torch.Generator().manual_seed(job["seed"]), device)
         ddp = nn.parallel.DistributedDataParallel(
             _Scorer(model), device_ids=None if model.device.type == "cpu" else [model.device])
         pos = job["pos"]

@@ -327,3 +327,34 @@ def test_atomic_save_keeps_the_old_file_when_a_write_fails(tmp_path):
         atomic_save({"epoch": 2, "bad": Unpicklable()}, path)
     assert torch.load(path, weights_only=True) == {"epoch": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+
+
+# ----------------------------------------------------------------------------- Adam moments
+
+def test_tiny_moments_are_zeroed_and_updates_unchanged():
+    from perturb.boxes.hierarchy.training import MOMENT_CLEANUP_EVERY, zero_tiny_moments
+    assert 0.9 ** MOMENT_CLEANUP_EVERY > 2.0 ** -24       # no moment turns denormal between
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(1000, 4))
+    q = torch.nn.Parameter(p.detach().clone())
+    opts = [torch.optim.Adam([t], lr=0.05) for t in (p, q)]
+    for i in range(3):
+        for t, opt in zip((p, q), opts):
+            opt.zero_grad()
+            g = torch.zeros_like(t)
+            g[: 10 * (i + 1)] = torch.randn(10 * (i + 1), 4, generator=torch.Generator()
+                                            .manual_seed(i))
+            g[500:510] = 1e-33                             # a few tiny gradients
+            t.grad = g
+            opt.step()
+    state = opts[0].state[p]
+    tiny = state["exp_avg"].abs() < torch.finfo(torch.float32).tiny * 2 ** 24
+    assert tiny.any() and (state["exp_avg"][tiny] != 0).any()
+    kept = state["exp_avg"][~tiny].clone()
+    zero_tiny_moments(opts[0])
+    assert bool((state["exp_avg"][tiny] == 0).all())
+    torch.testing.assert_close(state["exp_avg"][~tiny], kept, rtol=0, atol=0)
+    for t, opt in zip((p, q), opts):                       # one more step, same update
+        t.grad = torch.ones_like(t)
+        opt.step()
+    torch.testing.assert_close(p, q, rtol=0, atol=1e-20)
