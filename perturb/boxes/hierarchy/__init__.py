@@ -26,7 +26,7 @@ from perturb.boxes.hierarchy.rng import resolve_generator
 from perturb.boxes.hierarchy.splits import (BenchmarkSplit, HierarchySplit, dasgupta_split,
                                             split_hierarchy)
 from perturb.boxes.hierarchy.training import (VOLUME_QUANTILES, Trainer, TrainHistory,
-                                              TrainResult, train_hierarchy)
+                                              TrainResult, initial_model, train_hierarchy)
 from perturb.boxes.hierarchy.wordnet import (DEFAULT_WORDNET_DIR, WordNetSynset,
                                              read_wordnet_index, read_wordnet_nouns,
                                              wordnet_dir, wordnet_noun_hierarchy)
@@ -38,6 +38,7 @@ __all__ = [
     "PairScores",
     "nested_boxes",
     "hierarchy_levels",
+    "initial_model",
     "train_hierarchy",
     "train_hierarchy_distributed",
     "Trainer",
