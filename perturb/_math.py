@@ -8,11 +8,37 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 #: The Euler–Mascheroni constant γ: the mean of a standard Gumbel, the shift of Gumbel volumes.
 EULER_GAMMA = 0.57721566490153286061
 
 _LOG2 = math.log(2.0)
+
+
+def exp_floor(dtype: torch.dtype) -> float:
+    """1 + the log of the smallest normal float of ``dtype`` (float32: −86.3, float64: −707.4;
+    −inf for other dtypes): above it eˣ is a normal float (with a margin for rounding)."""
+    if dtype in (torch.float32, torch.float64):
+        return math.log(torch.finfo(dtype).tiny) + 1.0
+    return -math.inf
+
+
+def exp_floored(x: torch.Tensor) -> torch.Tensor:
+    """eˣ, with 0 where it is below e·``finfo.tiny`` (x below :func:`exp_floor`: 3.2e-38 in
+    float32), as flush-to-zero arithmetic gives for subnormal results; gradient 0 there.
+
+    Why: on x86 CPUs ``torch.exp`` of an input whose result underflows (or overflows) leaves
+    the vectorised kernel and runs ~50× slower (measured: 51,200 float32 values, 7.5 µs in
+    range, 260–870 µs at x = −90 … −1e4), and box losses are full of such exponents
+    (far-apart corners, tiny δ, log P ≪ 0). The zeroing is a ``threshold``, not a
+    ``torch.where``, which is not vectorised on the CPU (~80 µs for the same 51,200 values).
+    """
+    floor = exp_floor(x.dtype)
+    if floor == -math.inf:
+        return torch.exp(x)
+    # values at the floor (x clamped) fall at or below the cut: 0
+    return F.threshold(torch.exp(x.clamp(min=floor)), math.exp(floor) * (1.0 + 1e-5), 0.0)
 
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
@@ -22,11 +48,11 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
     near = x > -_LOG2
     safe = torch.full_like(x, -1.0)
     return torch.where(near, torch.log(-torch.expm1(torch.where(near, x, safe))),
-                       torch.log1p(-torch.exp(torch.where(near, safe, x))))
+                       torch.log1p(-exp_floored(torch.where(near, safe, x))))
 
 
 def logaddexp2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """log(eᵃ + eᵇ) as max(a, b) + log1p(exp(−|a − b|)), twice differentiable without
     overflow: no exponential of a positive number is formed, so second derivatives stay finite
     at any gap (``torch.logaddexp``'s double backward overflows at gaps ~ 1e100)."""
-    return torch.maximum(a, b) + torch.log1p(torch.exp(-(a - b).abs()))
+    return torch.maximum(a, b) + torch.log1p(exp_floored(-(a - b).abs()))

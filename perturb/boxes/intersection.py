@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
+from perturb._math import exp_floored, logaddexp2
 from perturb._math import log1mexp as _log1mexp
 from perturb._validation import check_tau, check_value, validation_enabled
 from perturb.boxes.box import Box, _broadcast_boxes
@@ -41,7 +42,7 @@ _NESTED = 1e-2
 def _lse_correction(a: torch.Tensor, b: torch.Tensor, beta: float | torch.Tensor
                     ) -> torch.Tensor:
     """lse_β(a, b) − max(a, b) = β·log1p(exp(−|a − b|/β)) ∈ [0, β·log 2]."""
-    return beta * torch.log1p(torch.exp(-(a - b).abs() / beta))
+    return beta * torch.log1p(exp_floored(-(a - b).abs() / beta))
 
 
 class _GumbelIntersection(torch.autograd.Function):
@@ -222,12 +223,13 @@ def _log1m_nested(a: Box, b: Box, beta: float | torch.Tensor, vbeta: float | tor
     a, b = _broadcast_boxes(a, b)
     log_lo = _log_softplus((a.lower - b.lower) / beta)
     log_hi = _log_softplus((b.upper - a.upper) / beta)
-    log_delta = torch.logaddexp(log_lo, log_hi) + _log(beta)
+    # logaddexp2: torch.logaddexp's backward takes exp of gaps ≪ −88 (slow, _math.exp_floored)
+    log_delta = logaddexp2(log_lo, log_hi) + _log(beta)
     nested = (log_delta - _log(_NESTED * vbeta)).amax(dim=-1) <= 0
     if isinstance(vbeta, torch.Tensor) and vbeta.ndim:
         vbeta = vbeta.expand_as(log_delta)[nested]
     ld = log_delta[nested]
-    mid = (b.upper - b.lower).expand_as(log_delta)[nested] - 0.5 * torch.exp(ld)
+    mid = (b.upper - b.lower).expand_as(log_delta)[nested] - 0.5 * exp_floored(ld)
     s = torch.logsumexp(ld + _log_gumbel_side_slope(mid, vbeta, approx), dim=-1)
     # log(1 − e^{−t}), t = e^s, is s − t/2 + O(t²): s itself below t = 2e-9
     near = torch.where(s < -20.0, s, torch.log(-torch.expm1(-torch.exp(s.clamp(min=-20.0)))))
