@@ -24,6 +24,20 @@ def exp_floor(dtype: torch.dtype) -> float:
     return -math.inf
 
 
+def _normal_cut(dtype: torch.dtype) -> float:
+    """e·finfo.tiny (slightly above): the smallest value :func:`exp_floored` keeps."""
+    return math.exp(exp_floor(dtype)) * (1.0 + 1e-5)
+
+
+def zero_subnormal(t: torch.Tensor) -> torch.Tensor:
+    """A non-negative ``t`` with its entries below e·``finfo.tiny`` set to 0 (float32 and
+    float64; others unchanged): what flush-to-zero arithmetic would give, so that no subnormal
+    reaches later, slow, CPU arithmetic (``threshold``, vectorised)."""
+    if exp_floor(t.dtype) == -math.inf:
+        return t
+    return F.threshold(t, _normal_cut(t.dtype), 0.0)
+
+
 def exp_floored(x: torch.Tensor) -> torch.Tensor:
     """eˣ, with 0 where it is below e·``finfo.tiny`` (x below :func:`exp_floor`: 3.2e-38 in
     float32), as flush-to-zero arithmetic gives for subnormal results; gradient 0 there.
@@ -38,7 +52,7 @@ def exp_floored(x: torch.Tensor) -> torch.Tensor:
     if floor == -math.inf:
         return torch.exp(x)
     # values at the floor (x clamped) fall at or below the cut: 0
-    return F.threshold(torch.exp(x.clamp(min=floor)), math.exp(floor) * (1.0 + 1e-5), 0.0)
+    return F.threshold(torch.exp(x.clamp(min=floor)), _normal_cut(x.dtype), 0.0)
 
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
