@@ -29,15 +29,6 @@ def _normal_cut(dtype: torch.dtype) -> float:
     return math.exp(exp_floor(dtype)) * (1.0 + 1e-5)
 
 
-def zero_subnormal(t: torch.Tensor) -> torch.Tensor:
-    """A non-negative ``t`` with its entries below e·``finfo.tiny`` set to 0 (float32 and
-    float64; others unchanged): what flush-to-zero arithmetic would give, so that no subnormal
-    reaches later, slow, CPU arithmetic (``threshold``, vectorised)."""
-    if exp_floor(t.dtype) == -math.inf:
-        return t
-    return F.threshold(t, _normal_cut(t.dtype), 0.0)
-
-
 def exp_floored(x: torch.Tensor) -> torch.Tensor:
     """eˣ, with 0 where it is below e·``finfo.tiny`` (x below :func:`exp_floor`: 3.2e-38 in
     float32), as flush-to-zero arithmetic gives for subnormal results; gradient 0 there.
