@@ -174,6 +174,13 @@ def _split_case(s):
     return split.train, split.val, split.test_pairs
 
 
+def _nested_case(s):
+    graph = perturb.boxes.hierarchy.random_tree(30, seed=0)
+    box = perturb.boxes.hierarchy.nested_boxes(30, perturb.boxes.hierarchy.edge_index(graph), 3,
+                                               generator=_gen(s))
+    return box.lower, box.upper
+
+
 def _checks_case(name):
     def run(s):
         noise = perturb.Normal()
@@ -249,6 +256,11 @@ CASES = {
     "HierarchyConfig.__init__": _distributed_case,
     "Trainer.__init__": _trainer_case,
     "dasgupta_split": _split_case,
+    "nested_boxes": _nested_case,
+    "initial_model": lambda s: (perturb.boxes.hierarchy.initial_model(
+        30, list(range(30)), perturb.boxes.hierarchy.HierarchyConfig(dim=3, initializer="nested"),
+        perturb.boxes.hierarchy.edge_index(perturb.boxes.hierarchy.random_tree(30, seed=0)),
+        _gen(s)).embedding.param1.detach(),),
     "resolve_generator": lambda s: (torch.rand(4, generator=perturb.boxes.hierarchy.
                                                resolve_generator(seed=s)),),
     "random_dag": lambda s: (torch.tensor(sorted(perturb.boxes.datasets.random_dag(

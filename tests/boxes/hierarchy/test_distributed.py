@@ -48,6 +48,22 @@ def test_two_processes_match_single_process_full_batch():
         torch.testing.assert_close(more.model.get_parameter(name), p, rtol=1e-9, atol=1e-10)
 
 
+def test_nested_start_is_the_same_in_every_process():
+    """initializer="nested": each rank builds the boxes of train_hierarchy from the shared
+    seed, so 2 ranks still match one process on the full batch."""
+    g = balanced_tree(2, 3)
+    kw = dict(method="gumbel", beta=0.2, epochs=2, lr=0.05, negatives_per_positive=0, seed=3,
+              dtype=torch.float64, initializer="nested")
+    dist_res = train_hierarchy_distributed(g, 2, world_size=2, batch_size=17, **kw)
+    single = train_hierarchy(g, 2, batch_size=34, progress=False, **kw)
+    start = train_hierarchy(g, 2, batch_size=34, progress=False, **{**kw, "epochs": 0})
+    for name, p in single.model.named_parameters():
+        torch.testing.assert_close(dist_res.model.get_parameter(name), p, rtol=1e-9, atol=1e-10)
+        assert not torch.equal(p, start.model.get_parameter(name))      # it trained
+    box = start.model.embedding.all_boxes()                 # and started nested
+    assert bool((box.lower[1:] > box.lower[(torch.arange(1, 15) - 1) // 2]).all())
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="world_size"):
         train_hierarchy_distributed(balanced_tree(2, 2), 2, world_size=0)
