@@ -28,7 +28,7 @@ from torch.autograd.function import once_differentiable
 
 from perturb._math import exp_floored, logaddexp2
 from perturb._math import log1mexp as _log1mexp
-from perturb._validation import check_tau, check_value, validation_enabled
+from perturb._validation import check_tau, check_value, reads_stall, validation_enabled
 from perturb.boxes.box import Box, _broadcast_boxes
 from perturb.boxes.volume import _log, _log_gumbel_side_slope, _log_softplus, _log_volume
 
@@ -209,9 +209,12 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
 
 
 def _log1m_nested(a: Box, b: Box, beta: float | torch.Tensor, vbeta: float | torch.Tensor,
-                  approx: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                  approx: bool, dense: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(nested, log(1 − P))`` for Gumbel boxes: the mask of the pairs with every
-    δ_i <= 1e-2·β_vol, and log(1 − P(b ⊆ a)) on those pairs by the first-order form.
+    δ_i <= 1e-2·β_vol, and log(1 − P(b ⊆ a)) by the first-order form, on those pairs only
+    (``dense=False``, boolean indexing) or on every pair, meaningful where ``nested``
+    (``dense=True``: no data-dependent shapes, so no host read; the default where reads
+    stall, i.e. on CUDA, under ``torch.compile`` and inside ``torch.func``).
 
     The Gumbel intersection's side i is b's side w_i shortened by
     δ_i = β·softplus((lo_a − lo_b)/β) + β·softplus((hi_b − hi_a)/β) > 0, so with L the log
@@ -224,6 +227,18 @@ def _log1m_nested(a: Box, b: Box, beta: float | torch.Tensor, vbeta: float | tor
     y_lo = (a.lower - b.lower) / beta
     y_hi = (b.upper - a.upper) / beta
     full = y_lo.shape
+    log_cut = _log(_NESTED * vbeta)
+    if dense is None:
+        dense = reads_stall(y_lo)
+    if dense:
+        log_delta = logaddexp2(_log_softplus(y_lo), _log_softplus(y_hi)) + _log(beta)
+        over = log_delta - log_cut
+        nested = over.amax(dim=-1) <= 0
+        # the pairs that are not nested get a harmless log δ (in the nested regime), so that
+        # their unused branch has finite values and gradients (they are multiplied by 0)
+        safe = torch.where(nested.unsqueeze(-1), log_delta, log_delta - over.clamp(min=0.0))
+        return nested, _log1m_first_order(safe, (b.upper - b.lower).expand(full), vbeta,
+                                          approx)
     # δ_i > β·softplus(y) for y = y_lo and y = y_hi, so δ_i <= c = 1e-2·β_vol needs both
     # y < softplus⁻¹(c/β) = log(expm1(c/β)): a cheap test of every pair (a little loose),
     # the exact one (two log softplus per coordinate) only for the pairs that pass it
@@ -243,12 +258,18 @@ def _log1m_nested(a: Box, b: Box, beta: float | torch.Tensor, vbeta: float | tor
     nested[cand] = inner
     if isinstance(vbeta_c, torch.Tensor) and vbeta_c.ndim:
         vbeta_c = vbeta_c[inner]
-    ld = log_delta[inner]
-    mid = (b.upper - b.lower).expand(full)[cand][inner] - 0.5 * exp_floored(ld)
-    s = torch.logsumexp(ld + _log_gumbel_side_slope(mid, vbeta_c, approx), dim=-1)
+    width = (b.upper - b.lower).expand(full)[cand][inner]
+    return nested, _log1m_first_order(log_delta[inner], width, vbeta_c, approx)
+
+
+def _log1m_first_order(log_delta: torch.Tensor, width: torch.Tensor,
+                       vbeta: float | torch.Tensor, approx: bool) -> torch.Tensor:
+    """log(1 − P) = log(1 − exp(−e^s)), s = logsumexp_i(log δ_i + log L′(w_i − δ_i/2)), over
+    the last dimension (:func:`_log1m_nested`)."""
+    mid = width - 0.5 * exp_floored(log_delta)
+    s = torch.logsumexp(log_delta + _log_gumbel_side_slope(mid, vbeta, approx), dim=-1)
     # log(1 − e^{−t}), t = e^s, is s − t/2 + O(t²): s itself below t = 2e-9
-    near = torch.where(s < -20.0, s, torch.log(-torch.expm1(-torch.exp(s.clamp(min=-20.0)))))
-    return nested, near
+    return torch.where(s < -20.0, s, torch.log(-torch.expm1(-torch.exp(s.clamp(min=-20.0)))))
 
 
 def _merge_nested(far: torch.Tensor, nested: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
@@ -292,7 +313,8 @@ def log1m_containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = N
 
 
 def _log1m_containment(log_p: torch.Tensor, a: Box, b: Box, beta: float | torch.Tensor | None,
-                       vbeta: float | torch.Tensor | None, approx: bool) -> torch.Tensor:
+                       vbeta: float | torch.Tensor | None, approx: bool,
+                       dense: bool | None = None) -> torch.Tensor:
     """log(1 − P(b ⊆ a)) given log P (:func:`log1m_containment_prob`; ``beta=None``: hard
     intersection, log1mexp only)."""
     inside = log_p < 0       # P = 1 exactly: -inf, with a zero (not NaN) gradient
@@ -300,7 +322,11 @@ def _log1m_containment(log_p: torch.Tensor, a: Box, b: Box, beta: float | torch.
                       torch.full_like(log_p, -math.inf))
     if beta is None or vbeta is None:  # vbeta defaults to beta: both set or both None
         return far
-    nested, near = _log1m_nested(a, b, beta, vbeta, approx)
+    if dense is None:
+        dense = reads_stall(log_p)
+    nested, near = _log1m_nested(a, b, beta, vbeta, approx, dense)
+    if dense:                   # one value per pair: no data-dependent shape, no host read
+        return torch.where(nested.expand_as(far), near.expand_as(far), far)
     return _merge_nested(far, nested.expand_as(far), near)
 
 

@@ -153,10 +153,11 @@ def test_diagnostics_schedule():
 
 
 def test_step_reads_nothing_back(monkeypatch):
-    """A training step (diagnostics included) makes no host read of its own: with the regime
-    checks of the box core made branch-free (what they do under vmap), no `.item()`-like op
-    remains except the CPU fused-Adam kernel's reads of its CPU step counter, and every
-    `nonzero` (a synchronisation on CUDA) comes from the box core's nested-pair path."""
+    """A training step (diagnostics included) makes no host read: with the box core on its
+    branch-free path (what it does on CUDA, where reads stall: regime checks assumed true,
+    nested pairs computed densely), no `.item()`-like op remains except the CPU fused-Adam
+    kernel's reads of its CPU step counter (no device sync on CUDA), and no `nonzero` (a
+    synchronisation on CUDA) at all."""
     import sys
     from perturb._validation import set_validation
     from perturb.boxes.hierarchy import HierarchyConfig, Trainer
@@ -164,8 +165,7 @@ def test_step_reads_nothing_back(monkeypatch):
     import perturb.boxes  # noqa: F401  (the submodules below are shadowed by functions)
     vol, inter = sys.modules["perturb.boxes.volume"], sys.modules["perturb.boxes.intersection"]
     monkeypatch.setattr(vol, "_any", lambda cond: True)
-    monkeypatch.setattr(inter, "_merge_nested", lambda far, nested, near: far.reshape(-1)
-                        .index_put((nested.reshape(-1),), near).reshape(far.shape))
+    monkeypatch.setattr(inter, "reads_stall", lambda t: True)
     gen = torch.Generator().manual_seed(0)
     n = 300
     pos = torch.randint(n, (500, 2), generator=gen)
@@ -186,8 +186,7 @@ def test_step_reads_nothing_back(monkeypatch):
                     parents.append(p.name)
                     p = p.cpu_parent
                 assert "aten::_fused_adam_" in parents, parents
-            if e.name == "aten::nonzero" and e.stack:
-                assert any("intersection.py" in f for f in e.stack), e.stack
+            assert e.name != "aten::nonzero", e.stack
 
 
 def test_fixed_and_adaptive_samplers_train_alike():
