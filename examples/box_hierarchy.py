@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from _common import command_line, mean_std, md_table, parser, save_plot, session  # noqa: E402
-from _common import write_results  # noqa: E402
+from _common import flush_denormals, write_results  # noqa: E402
 
 from perturb.boxes.hierarchy import (  # noqa: E402
     all_pairs_f1,
@@ -347,11 +347,9 @@ def _draw_boxes_2d(plt, args):
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    # Denormal floats (tiny Gumbel gradients, decaying Adam moments) are many times slower on
-    # x86 CPUs; flushing them to zero changes nothing measurable here. Set before the first
-    # parallel op: worker threads inherit the mode when they are created.
-    torch.set_flush_denormal(True)
-    with session(args) as out:
+    # subnormal floats (tiny Gumbel gradients, decaying Adam moments) are many times slower on
+    # x86 CPUs; flushing them changes nothing measurable here (docs/box_hierarchy.md)
+    with flush_denormals(), session(args) as out:
         return _run(args, out, command_line("box_hierarchy.py", argv))
 
 

@@ -269,3 +269,23 @@ def test_quick_run_without_matplotlib_or_tqdm(monkeypatch, capsys, tmp_path):
     assert not (tmp_path / "graph_layout.png").exists()
     assert json.loads((tmp_path / "graph_layout.json").read_text())["seeds"] == r["seeds"]
     check_graph_layout(r, tmp_path)
+
+
+@pytest.mark.slow
+def test_box_hierarchy_nested_start_and_denormal_mode(tmp_path):
+    """--initializer nested reaches the trainer (the tree starts nested: Gumbel F1 ~1), and the
+    example leaves the process's denormal mode as it found it."""
+    def flushed():
+        return torch.tensor([1e-39]).mul_(2).item() == 0.0
+    before = flushed()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        r = load("box_hierarchy").main(["--quick", "--out", str(tmp_path), "--no-progress",
+                                        "--initializer", "nested", "--methods", "gumbel",
+                                        "--dims", "2", "--epochs", "5"])
+    finally:
+        torch.set_num_threads(threads)
+    assert flushed() == before
+    (row,) = r["rows"]
+    assert row["method"] == "gumbel" and row["f1"] > 0.95, row["f1"]
