@@ -18,6 +18,7 @@ import platform
 import torch
 
 from bench import _timing
+from perturb._math import denormals_flushed
 
 HERE = pathlib.Path(__file__).parent
 
@@ -36,7 +37,7 @@ def _machine() -> str:
     if dev.type == "cuda":
         return (f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}, "
                 f"ops = CUDA kernel launches per call")
-    flushed = torch.tensor([1e-39]).mul_(2).item() == 0.0
+    flushed = denormals_flushed()
     return (f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads, denormals "
             f"{'flushed' if flushed else 'kept'}, ops = aten ops dispatched per call")

@@ -114,7 +114,9 @@ def flush_denormals() -> Iterator[None]:
     subnormals (tiny gradients, decaying Adam moments). Takes full effect only when entered
     before the process's first parallel op: intra-op worker threads copy the mode when they
     are created (called from the command line, ``main`` does that)."""
-    before = torch.tensor([1e-39]).mul_(2).item() == 0.0      # 2e-39 is subnormal in float32
+    from perturb._math import denormals_flushed
+
+    before = denormals_flushed()
     torch.set_flush_denormal(True)
     try:
         yield

@@ -24,6 +24,12 @@ def exp_floor(dtype: torch.dtype) -> float:
     return -math.inf
 
 
+def denormals_flushed() -> bool:
+    """Whether this thread flushes subnormal floats to zero now (``torch.set_flush_denormal``
+    has no getter: 2e-39, subnormal in float32, reads back as 0 exactly when flushing)."""
+    return torch.tensor([1e-39]).mul_(2).item() == 0.0
+
+
 def _normal_cut(dtype: torch.dtype) -> float:
     """e·finfo.tiny (slightly above): the smallest value :func:`exp_floored` keeps."""
     return math.exp(exp_floor(dtype)) * (1.0 + 1e-5)

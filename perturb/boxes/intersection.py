@@ -209,12 +209,13 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
 
 
 def _log1m_nested(a: Box, b: Box, beta: float | torch.Tensor, vbeta: float | torch.Tensor,
-                  approx: bool, dense: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  approx: bool, dense: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(nested, log(1 − P))`` for Gumbel boxes: the mask of the pairs with every
     δ_i <= 1e-2·β_vol, and log(1 − P(b ⊆ a)) by the first-order form, on those pairs only
     (``dense=False``, boolean indexing) or on every pair, meaningful where ``nested``
-    (``dense=True``: no data-dependent shapes, so no host read; the default where reads
-    stall, i.e. on CUDA, under ``torch.compile`` and inside ``torch.func``).
+    (``dense=True``: no data-dependent shapes, so no host read; what
+    :func:`_log1m_containment` picks where reads stall, i.e. on CUDA, under ``torch.compile``
+    and inside ``torch.func``).
 
     The Gumbel intersection's side i is b's side w_i shortened by
     δ_i = β·softplus((lo_a − lo_b)/β) + β·softplus((hi_b − hi_a)/β) > 0, so with L the log
@@ -227,12 +228,9 @@ def _log1m_nested(a: Box, b: Box, beta: float | torch.Tensor, vbeta: float | tor
     y_lo = (a.lower - b.lower) / beta
     y_hi = (b.upper - a.upper) / beta
     full = y_lo.shape
-    log_cut = _log(_NESTED * vbeta)
-    if dense is None:
-        dense = reads_stall(y_lo)
     if dense:
         log_delta = logaddexp2(_log_softplus(y_lo), _log_softplus(y_hi)) + _log(beta)
-        over = log_delta - log_cut
+        over = log_delta - _log(_NESTED * vbeta)
         nested = over.amax(dim=-1) <= 0
         # the pairs that are not nested get a harmless log δ (in the nested regime), so that
         # their unused branch has finite values and gradients (they are multiplied by 0)
