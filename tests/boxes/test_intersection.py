@@ -467,3 +467,22 @@ def test_nested_log1m_dense_path_equals_the_indexed_one(dtype):
         assert not bool(torch.isnan(x).any())
         torch.testing.assert_close(x, y, rtol=1e-12 if dtype == torch.float64 else 1e-5,
                                    atol=0)
+
+
+def test_nested_log1m_dense_path_gradcheck():
+    """float64 gradcheck of the branch-free nested-pair path, on nested and non-nested pairs
+    (the non-nested ones go through its safe, unused branch)."""
+    from perturb.boxes.intersection import _log1m_containment
+    plo = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    phi = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]], dtype=torch.float64)
+    clo = torch.tensor([[0.3, 0.4], [0.2, -0.3], [0.05, 0.3]], dtype=torch.float64)
+    chi = torch.tensor([[0.6, 0.7], [0.5, 0.6], [0.5, 0.97]], dtype=torch.float64)
+
+    def f(a_lo, a_hi, b_lo, b_hi):
+        a, b = Box(a_lo, a_hi), Box(b_lo, b_hi)
+        return _log1m_containment(log_containment_prob(a, b, 0.01, 0.1), a, b, 0.01, 0.1,
+                                  False, True)
+
+    args = tuple(t.clone().requires_grad_() for t in (plo, phi, clo, chi))
+    assert bool(torch.isfinite(f(*args)).all())
+    assert torch.autograd.gradcheck(f, args)
