@@ -51,9 +51,11 @@ from perturb._validation import (
     check_int,
     check_positive,
     check_scores,
+    check_value,
     validation_enabled,
 )
 from perturb.noise import Gumbel, Noise, Normal
+from perturb.noise._args import check_noise, draw
 from perturb.structures import Structure
 
 __all__ = ["perturbed", "fenchel_young_loss", "PerturbedOptimizer", "perturbed_optimizer"]
@@ -100,7 +102,9 @@ def _run_argmax(argmax_fn: ArgmaxFn, u: torch.Tensor, event_dim: int,
     """Run the solver on perturbed scores ``(*lead, *event)`` without gradients.
 
     ``batched=True``: one call on the whole tensor; otherwise one call per problem (a Python
-    loop over the leading dims, for solvers that take a single problem).
+    loop over the leading dims, for solvers that take a single problem). The output keeps the
+    leading dims and may add any number of its own, zero included: a scalar per problem (a
+    loss, a sign) is a valid ``y``, as in jaxopt's ``make_perturbed_fun``.
     """
     lead = u.shape[:u.ndim - event_dim]
     with torch.no_grad():
@@ -110,10 +114,16 @@ def _run_argmax(argmax_fn: ArgmaxFn, u: torch.Tensor, event_dim: int,
             flat = u.reshape(-1, *u.shape[u.ndim - event_dim:])
             ys = [_to_tensor(argmax_fn(flat[i]), u) for i in range(flat.shape[0])]
             y = torch.stack(ys).reshape(*lead, *ys[0].shape)
-    if y.shape[:len(lead)] != lead or y.ndim < len(lead) + min(event_dim, 1):
+    if y.shape[:len(lead)] != lead:
         raise ValueError(f"argmax_fn must return (*batch, *out): keep the leading dims "
-                         f"{tuple(lead)} of its input (shape {tuple(u.shape)}) and add the "
-                         f"structure's dims (at least one), got output shape {tuple(y.shape)}")
+                         f"{tuple(lead)} of its input (shape {tuple(u.shape)}) and add any "
+                         f"dims of its own (none for a scalar per problem), got output shape "
+                         f"{tuple(y.shape)}")
+    if validation_enabled() and y.numel():
+        check_value(torch.isfinite(y).all(),
+                    f"argmax_fn returned NaN or infinite values on perturbed scores (output "
+                    f"shape {tuple(y.shape)}): their mean and its gradient would be NaN; make "
+                    f"the solver return finite values for every input")
     return y
 
 
@@ -152,10 +162,8 @@ def _sample(argmax_fn: ArgmaxFn, theta: torch.Tensor, sigma: float,
     ``argmax_fn`` and ``event_dim`` come resolved by :func:`_solver`."""
     check_scores(theta, "theta", min_ndim=event_dim)
     check_int(n_samples, "n_samples", low=1)
-    if not hasattr(noise, "sample"):
-        raise ValueError(f"noise must be a perturb Noise (with sample()), got {noise!r}")
-    z = noise.sample((n_samples, *theta.shape), generator=generator, device=theta.device,
-                     dtype=theta.dtype)
+    check_noise(noise)
+    z = draw(noise, (n_samples, *theta.shape), generator, theta.device, theta.dtype)
     ys = _run_argmax(argmax_fn, theta.detach() + sigma * z, event_dim, batched)
     return noise, z, ys
 
@@ -172,7 +180,10 @@ def _perturbed_vjp(ys: torch.Tensor, dnu: torch.Tensor, grad: torch.Tensor, sigm
     ``(*batch, *out)``; returns ``(*batch, *event)``. A pure function the tests call directly.
     """
     m = ys.shape[0]
-    a = (ys * grad).sum(dim=tuple(range(1 + n_batch, ys.ndim)))  # (M, *batch)
+    a = ys * grad
+    out_dims = tuple(range(1 + n_batch, ys.ndim))
+    if out_dims:  # a scalar output per problem has none (sum over () would sum everything)
+        a = a.sum(dim=out_dims)  # (M, *batch)
     if baseline and m > 1:
         a = a - (a.sum(dim=0, keepdim=True) - a) / (m - 1)
     a = a.reshape(*a.shape, *([1] * (dnu.ndim - a.ndim)))

@@ -292,6 +292,7 @@ def test_float32_and_no_grad_path():
     (lambda t: perturbed(_one_hot_argmax, torch.full_like(t, math.nan)), "theta"),
     (lambda t: perturbed(_one_hot_argmax, t.long()), "theta"),
     (lambda t: perturbed(lambda u: u.sum(), t), "leading dims"),
+    (lambda t: perturbed(lambda u: u.sum(0), t), "leading dims"),
     (lambda t: fenchel_young_loss(_one_hot_argmax, t, torch.zeros(3, 2)), "y_true"),
     (lambda t: fenchel_young_loss(_one_hot_argmax, t, torch.zeros(4), reduction="avg"),
      "reduction"),
@@ -394,3 +395,116 @@ def test_structure_with_two_event_dims_gets_its_own_event_dim():
     w.grad = None
     (perturbed(Permutations().argmax, w, Normal(0.5), event_dim=2, **kw()) * g).sum().backward()
     torch.testing.assert_close(grad_structure, w.grad)
+
+
+# --------------------------------------------------------------------------------------------
+# scalar-valued functions (jaxopt's make_perturbed_fun smooths any f: θ ↦ y, y a scalar too)
+# --------------------------------------------------------------------------------------------
+
+def _max_value(u: torch.Tensor) -> torch.Tensor:
+    """max_i u_i: a scalar per problem, shape (*batch)."""
+    return u.amax(-1)
+
+
+@pytest.mark.parametrize("baseline", [True, False])
+def test_scalar_output_expected_max_value_and_gradient(baseline):
+    """E[max_i(θ_i + σG_i)] = σ·logsumexp(θ/σ) + σγ, whose gradient is softmax(θ/σ)."""
+    theta = torch.tensor([[0.5, -0.3, 0.2, 1.0], [0.0, 0.0, -1.0, 2.0]], dtype=torch.float64)
+    sigma, m = 0.7, 40_000
+    th = theta.clone().requires_grad_()
+    gen = torch.Generator().manual_seed(3)
+    y = perturbed(_max_value, th, Gumbel(sigma), n_samples=m, generator=gen, baseline=baseline)
+    assert y.shape == (2,)
+    exact = sigma * torch.logsumexp(theta / sigma, -1) + sigma * 0.5772156649015329
+    # Var max(θ + σG) = σ²π²/6 (max-stability: a Gumbel of scale σ)
+    se = sigma * math.pi / math.sqrt(6 * m)
+    assert bool(((y.detach() - exact).abs() <= 5 * se).all()), (y, exact)
+    (g,) = torch.autograd.grad(y.sum(), th)
+    z = Gumbel().sample((m, *theta.shape), generator=torch.Generator().manual_seed(3),
+                        dtype=torch.float64)
+    a = _max_value(theta + sigma * z)                         # (M, 2)
+    if baseline:
+        a = a - (a.sum(0) - a) / (m - 1)
+    terms = a.unsqueeze(-1) * (1 - torch.exp(-z)) / sigma      # per-sample estimator terms
+    torch.testing.assert_close(g, terms.mean(0))              # the estimator, term by term
+    se_g = terms.std(0) / math.sqrt(m)
+    p = torch.softmax(theta / sigma, -1)
+    assert bool(((g - p).abs() <= 5 * se_g).all()), (g, p, se_g)
+
+
+def test_scalar_output_baseline_reduces_variance():
+    theta = torch.tensor([0.2, 0.0, -0.4], dtype=torch.float64)
+    grads = {}
+    for baseline in (True, False):
+        gs = []
+        for seed in range(30):
+            th = theta.clone().requires_grad_()
+            y = perturbed(lambda u: u.amax(-1) + 10.0, th, Normal(1.0), n_samples=200,
+                          generator=torch.Generator().manual_seed(seed), baseline=baseline)
+            gs.append(torch.autograd.grad(y, th)[0])
+        grads[baseline] = torch.stack(gs)
+    assert float(grads[True].var(0).sum()) < 0.2 * float(grads[False].var(0).sum())
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_scalar_problems_event_dim_zero(batched):
+    """f = sign on scalars (event_dim=0): E[sign(t + σZ)] = erf(t/(σ√2)), derivative
+    2φ(t/σ)/σ; with batched=False the solver returns a Python float per problem."""
+    t = torch.tensor([-1.0, -0.2, 0.0, 0.4, 1.5], dtype=torch.float64, requires_grad=True)
+    sigma, m = 0.8, 40_000
+    fn = torch.sign if batched else (lambda u: float(torch.sign(u)))
+    y = perturbed(fn, t, Normal(sigma), n_samples=m, event_dim=0, batched=batched,
+                  generator=torch.Generator().manual_seed(0))
+    assert y.shape == t.shape
+    exact = torch.erf(t.detach() / (sigma * math.sqrt(2)))
+    se = ((1 - exact ** 2) / m).sqrt()
+    assert bool(((y.detach() - exact).abs() <= 5 * se + 1e-12).all())
+    (g,) = torch.autograd.grad(y.sum(), t)
+    dens = 2 * torch.exp(-0.5 * (t.detach() / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi))
+    assert bool(((g - dens).abs() <= 0.05).all()), (g, dens)
+
+
+def test_fenchel_young_loss_on_scalar_problems():
+    """event_dim=0, y(θ) = sign θ = argmax_{y ∈ {±1}} yθ: ∇L = E[sign(θ + σZ)] − y."""
+    t = torch.tensor([-1.0, 0.3, 2.0], dtype=torch.float64, requires_grad=True)
+    y_true = torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64)
+    sigma, m = 1.0, 40_000
+    loss = fenchel_young_loss(torch.sign, t, y_true, Normal(sigma), n_samples=m, event_dim=0,
+                              reduction="sum", generator=torch.Generator().manual_seed(0))
+    assert float(loss.detach()) >= 0
+    (g,) = torch.autograd.grad(loss, t)
+    exact = torch.erf(t.detach() / (sigma * math.sqrt(2))) - y_true
+    assert bool(((g - exact).abs() <= 5 * math.sqrt(1 / m)).all()), (g, exact)
+    per = fenchel_young_loss(torch.sign, t, y_true, Normal(sigma), n_samples=10, event_dim=0,
+                             reduction="none", generator=torch.Generator().manual_seed(0))
+    assert per.shape == t.shape
+
+
+def test_vjp_helper_with_scalar_outputs():
+    """No output dims: ⟨g, y_s⟩ is the product per problem, not a sum over the batch."""
+    gen = torch.Generator().manual_seed(0)
+    ys = torch.randn(5, 2, dtype=torch.float64, generator=gen)        # (M, batch)
+    dnu = torch.randn(5, 2, 3, dtype=torch.float64, generator=gen)
+    g = torch.randn(2, dtype=torch.float64, generator=gen)
+    plain = ((ys * g).unsqueeze(-1) * dnu).mean(0) / 0.5
+    torch.testing.assert_close(_perturbed_vjp(ys, dnu, g, 0.5, 1, False), plain)
+
+
+def test_solver_returning_nan_or_a_noise_ignoring_the_shape_is_refused():
+    theta = torch.randn(3, 4, requires_grad=True)
+    with pytest.raises(ValueError, match="argmax_fn returned NaN"):
+        perturbed(lambda u: torch.full_like(u, math.nan), theta)
+    with pytest.raises(ValueError, match="argmax_fn returned NaN"):
+        perturbed(lambda u: torch.full(u.shape[:-1], math.inf), theta)
+
+    class OneShape(perturb.noise.Noise):
+        def sample(self, shape, *, generator=None, device=None, dtype=None):
+            return torch.randn(4, dtype=dtype)       # ignores the requested shape
+
+    with pytest.raises(ValueError, match="requested shape"):
+        perturbed(_one_hot_argmax, theta, OneShape(), n_samples=3)
+    with pytest.raises(ValueError, match="Gumbel\\(\\)"):
+        perturbed(_one_hot_argmax, theta, Gumbel)
+    with perturb.set_validation(False):   # the value check is a validation check
+        y = perturbed(lambda u: torch.full_like(u, math.nan), theta.detach())
+    assert bool(torch.isnan(y).all())
