@@ -119,7 +119,7 @@ def _trainer_rows(quick: bool) -> list[dict]:
                         "before the K0 table (0461c72), recorded", PREV_EPOCH_MS[batch],
                         syncs=syncs, ops=ops,
                         note=f"{steps} steps, {steps / (epoch_ms / 1e3):.0f} steps/s; syncs/step "
-                             f"all in the box core (volume.py regime checks, intersection.py "
+                             f"all in the box core (volumes.py regime checks, intersections.py "
                              f"nested test) and CPU fused Adam, none in the trainer{old}"))
     return rows
 

@@ -6,6 +6,7 @@ blocks behind public functions that do (e.g. :func:`perturb.boxes.log1mexp`).
 from __future__ import annotations
 
 import math
+from typing import overload
 
 import torch
 import torch.nn.functional as F
@@ -67,3 +68,27 @@ def logaddexp2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     overflow: no exponential of a positive number is formed, so second derivatives stay finite
     at any gap (``torch.logaddexp``'s double backward overflows at gaps ~ 1e100)."""
     return torch.maximum(a, b) + torch.log1p(exp_floored(-(a - b).abs()))
+
+
+def nan_to_(x: torch.Tensor, value: float) -> torch.Tensor:
+    """``x`` with its NaNs replaced by ``value``, in place; ±inf kept (``nan_to_num_`` alone
+    would turn them into ±finfo.max). For the NaNs of ∞ − ∞ in formulas that have a limit
+    there."""
+    return x.nan_to_num_(nan=value, posinf=math.inf, neginf=-math.inf)
+
+
+@overload
+def log_expm1(x: float) -> float: ...
+
+
+@overload
+def log_expm1(x: torch.Tensor) -> torch.Tensor: ...
+
+
+def log_expm1(x: float | torch.Tensor) -> float | torch.Tensor:
+    """log(eˣ − 1) for x > 0 (the inverse of softplus), as x + log(1 − e⁻ˣ): no overflow for
+    large x (eˣ − 1 is inf beyond 709 in float64), and accurate near 0 (1 − e⁻ˣ by expm1).
+    Numbers give numbers (``math``), tensors tensors; −inf at x = 0."""
+    if isinstance(x, torch.Tensor):
+        return x + torch.log(-torch.expm1(-x))
+    return x + math.log(-math.expm1(-x)) if x > 0 else -math.inf

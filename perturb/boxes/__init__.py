@@ -12,11 +12,11 @@ from perturb.boxes.hierarchy import (
     evaluate,
     train_hierarchy,
 )
-from perturb.boxes.intersection import (containment_prob, intersection, log1m_containment_prob,
+from perturb.boxes.intersections import (containment_prob, intersection, log1m_containment_prob,
                                         log1mexp, log_containment_prob, overlap)
 from perturb.boxes.losses import (containment_loss, overlap_loss, sample_negatives,
                                   volume_regularizer)
-from perturb.boxes.volume import EULER_GAMMA, gumbel_side_length, log_gumbel_side_length, volume
+from perturb.boxes.volumes import EULER_GAMMA, gumbel_side_length, log_gumbel_side_length, volume
 
 __all__ = [
     "Box",

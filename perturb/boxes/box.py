@@ -10,8 +10,8 @@ The same object describes hard boxes and Gumbel boxes. For a Gumbel box (Dasgupt
 
     X_lo ~ MaxGumbel(μ_lo, β),     X_hi ~ MinGumbel(μ_hi, β),
 
-and the scale β is an argument of the operations (:func:`~perturb.boxes.volume`,
-:func:`~perturb.boxes.intersection`), not of the box. See ``docs/boxes.md`` for the math.
+and the scale β is an argument of the operations (:func:`~perturb.boxes.volumes`,
+:func:`~perturb.boxes.intersections`), not of the box. See ``docs/boxes.md`` for the math.
 
 A box whose ``upper < lower`` in some coordinate is *empty* as a hard box (its hard volume is 0);
 it is still a valid Gumbel box (its expected volume is small but positive), so no ordering of
@@ -19,11 +19,13 @@ the corners is enforced.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from perturb._math import nan_to_
 from perturb._validation import check_tau, check_value, validation_enabled
 
 __all__ = ["Box", "join"]
@@ -43,6 +45,13 @@ def _check_corner(x: Any, name: str, min_ndim: int = 1) -> None:
     # amax propagates NaN: one read-only pass instead of isnan + any.
     if validation_enabled() and x.numel():
         check_value(~torch.isnan(x.detach().amax()), f"{name} contains NaN values")
+
+
+def _width(lower: torch.Tensor, upper: torch.Tensor) -> torch.Tensor:
+    """``upper − lower``, with ∞ − ∞ read as 0: a corner pair at the same infinity is the
+    limit of [R, R] (a degenerate side), not NaN. Corners never hold NaN (:class:`Box` refuses
+    it), so every NaN of the difference is such a pair; infinite widths stay infinite."""
+    return nan_to_(upper - lower, 0.0)
 
 
 class Box:
@@ -68,7 +77,11 @@ class Box:
         >>> b[0].upper
         tensor([1., 1.])
 
-    ``±inf`` coordinates are accepted (a half-line or the whole line); NaN is not.
+    ``±inf`` coordinates are accepted (a half-line or the whole line); NaN is not. A side with
+    both corners at the same infinity is a degenerate side (width 0, the limit of [R, R]). The
+    volumes of unbounded boxes are infinite; containment and overlap compare unbounded boxes
+    as the limit of the boxes cut to the cube [−R, R]^d as R → ∞ (the half-line [0, ∞) then
+    holds half of the line, and a box with an empty side is empty whatever its other sides).
     """
 
     __slots__ = ("lower", "upper")
@@ -191,12 +204,13 @@ class Box:
     @property
     def offset(self) -> torch.Tensor:
         """Half-width ``(upper − lower) / 2`` (negative where the hard box is empty)."""
-        return 0.5 * (self.upper - self.lower)
+        return 0.5 * self.width
 
     @property
     def width(self) -> torch.Tensor:
-        """Side lengths ``upper − lower`` (negative where the hard box is empty)."""
-        return self.upper - self.lower
+        """Side lengths ``upper − lower`` (negative where the hard box is empty; 0 for a
+        side with both corners at the same infinity, ±inf for a half-line or the line)."""
+        return _width(self.lower, self.upper)
 
     # ------------------------------------------------------------------ tensor-like
     def __getitem__(self, key: Any) -> "Box":
@@ -227,14 +241,32 @@ class Box:
         return Box._trusted(self.lower.detach(), self.upper.detach())
 
     def expand(self, *batch_shape: int) -> "Box":
-        """Broadcast the batch dims to ``batch_shape`` (a view, like ``Tensor.expand``)."""
+        """Broadcast the batch dims to ``batch_shape`` (a view, like ``Tensor.expand``).
+
+        Raises:
+            ValueError: the batch shape cannot be expanded to ``batch_shape``.
+        """
         shape = (*batch_shape, self.dim)
-        return Box._trusted(self.lower.expand(shape), self.upper.expand(shape))
+        try:
+            return Box._trusted(self.lower.expand(shape), self.upper.expand(shape))
+        except (RuntimeError, TypeError):
+            raise ValueError(f"batch_shape {tuple(batch_shape)} is not an expansion of the "
+                             f"box's batch shape {tuple(self.batch_shape)} (dims of size 1 "
+                             f"can grow; new dims go in front)") from None
 
     def reshape(self, *batch_shape: int) -> "Box":
-        """Reshape the batch dims (the coordinate dim is kept)."""
+        """Reshape the batch dims (the coordinate dim is kept).
+
+        Raises:
+            ValueError: ``batch_shape`` does not hold as many boxes.
+        """
         shape = (*batch_shape, self.dim)
-        return Box._trusted(self.lower.reshape(shape), self.upper.reshape(shape))
+        try:
+            return Box._trusted(self.lower.reshape(shape), self.upper.reshape(shape))
+        except (RuntimeError, TypeError):
+            raise ValueError(f"batch_shape {tuple(batch_shape)} does not hold the "
+                             f"{self.lower[..., 0].numel()} boxes of batch shape "
+                             f"{tuple(self.batch_shape)}") from None
 
     def __repr__(self) -> str:
         return (f"Box(batch_shape={tuple(self.batch_shape)}, dim={self.dim}, "

@@ -7,11 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from perturb._validation import (check_choice, check_int, check_tau, check_value,
+from perturb._math import log_expm1
+from perturb._validation import (check_choice, check_device, check_int, check_tau, check_value,
                                  validation_enabled)
 from perturb.boxes.box import Box
-from perturb.boxes.intersection import containment_prob, log_containment_prob, overlap
-from perturb.boxes.volume import volume
+from perturb.boxes.intersections import containment_prob, log_containment_prob, overlap
+from perturb.boxes.volumes import volume
 
 __all__ = ["BoxEmbedding"]
 
@@ -21,11 +22,6 @@ _PARAMETER_NAMES = {"center_offset": ("center", "offset"), "min_delta": ("min", 
                    "sigmoid": ("min_logit", "delta_logit")}
 #: Version of the extra state :meth:`BoxEmbedding.get_extra_state` writes.
 _STATE_FORMAT = 1
-
-
-def _inv_softplus(y: torch.Tensor) -> torch.Tensor:
-    """softplus^{-1}(y) = log(expm1(y)) for y > 0."""
-    return y + torch.log(-torch.expm1(-y))
 
 
 class BoxEmbedding(nn.Module):
@@ -86,6 +82,7 @@ class BoxEmbedding(nn.Module):
                  generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
+        device = None if device is None else check_device(device)
         self.num_entities = check_int(num_entities, "num_entities", low=1)
         self.dim = check_int(dim, "dim", low=1)
         if beta is not None:
@@ -155,9 +152,9 @@ class BoxEmbedding(nn.Module):
     def _to_params(self, lower: torch.Tensor, side: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.parameterisation == "center_offset":
-            return lower + 0.5 * side, _inv_softplus(0.5 * side)
+            return lower + 0.5 * side, log_expm1(0.5 * side)
         if self.parameterisation == "min_delta":
-            return lower, _inv_softplus(side)
+            return lower, log_expm1(side)
         frac = side / (1.0 - lower)
         return torch.logit(lower), torch.logit(frac)
 

@@ -19,11 +19,12 @@ from typing import Callable
 
 import torch
 
-from perturb._validation import check_choice, check_int, check_value, validation_enabled
+from perturb._validation import (check_choice, check_generator, check_int, check_value,
+                                 validation_enabled)
 from perturb.boxes.box import Box, _broadcast_boxes
-from perturb.boxes.intersection import (log1m_containment_prob, _log1mexp, log1mexp,
+from perturb.boxes.intersections import (log1m_containment_prob, _log1mexp, log1mexp,
                                         log_containment_prob, overlap)
-from perturb.boxes.volume import volume
+from perturb.boxes.volumes import volume
 
 __all__ = ["containment_loss", "overlap_loss", "volume_regularizer", "sample_negatives",
            "log1mexp", "negative_nll", "PairSet"]
@@ -178,14 +179,14 @@ def volume_regularizer(box: Box, threshold: float, *, method: str | None = None,
         mode="indicator":  Σ 1[Vol > τ_v]·Vol      (gradient Vol·∂log Vol above τ_v, 0 below)
         mode="hinge":      Σ max(0, Vol − τ_v)
 
-    Both are 0 for boxes of volume at most τ_v. The volume is :func:`~perturb.boxes.volume`
+    Both are 0 for boxes of volume at most τ_v. The volume is :func:`~perturb.boxes.volumes`
     with the given ``method``/``beta``/``temperature`` (Gumbel when ``beta`` is given). In high
     dimension volumes are tiny; pick τ_v on that scale (e.g. ∝ s^d for a target side s).
 
     Args:
         box: the boxes.
         threshold: τ_v ≥ 0.
-        method, beta, temperature, approx: the volume, as in :func:`~perturb.boxes.volume`.
+        method, beta, temperature, approx: the volume, as in :func:`~perturb.boxes.volumes`.
         mode: "indicator" or "hinge".
         reduction: "sum" (default), "mean" or "none".
 
@@ -357,6 +358,7 @@ def sample_negatives(pairs: torch.Tensor, num_entities: int, n_negatives: int = 
     max_tries = check_int(max_tries, "max_tries", low=1)
     check_choice(corrupt, ("head", "tail", "both"), "corrupt")
     check_choice(mode, _SAMPLER_MODES, "mode")
+    check_generator(generator)
     pairs = _check_pair_tensor(pairs, num_entities, "pairs", batched=True)
     device = pairs.device
     if isinstance(known, PairSet):

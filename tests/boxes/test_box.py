@@ -130,7 +130,7 @@ def test_join_broadcasts_and_validates():
         join(a, Box(torch.zeros(3), torch.ones(3)))
 
 
-@pytest.mark.parametrize("module", ["box", "volume", "intersection", "embedding", "losses"])
+@pytest.mark.parametrize("module", ["box", "volumes", "intersections", "embedding", "losses"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib

@@ -121,8 +121,12 @@ def evaluate(model: BoxHierarchyModel, pairs: torch.Tensor, labels: torch.Tensor
     """
     check_model(model)
     pairs = check_pairs(pairs, model.num_nodes, "pairs")
-    if labels.shape != pairs.shape[:1]:
-        raise ValueError(f"labels must have shape ({pairs.shape[0]},), got {tuple(labels.shape)}")
+    if not isinstance(labels, torch.Tensor) or labels.is_complex() \
+            or labels.shape != pairs.shape[:1]:
+        got = (f"shape {tuple(labels.shape)}" if isinstance(labels, torch.Tensor)
+               else type(labels).__name__)
+        raise ValueError(f"labels must be a tensor of shape ({pairs.shape[0]},) holding 1 for "
+                         f"true pairs and 0 otherwise (e.g. torch.tensor(labels)), got {got}")
     scores = score_pairs(model, pairs, batch_size)
     lab = labels.to(device=scores.device, dtype=torch.bool)
     if threshold is None:

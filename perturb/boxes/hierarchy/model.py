@@ -22,10 +22,10 @@ from torch import nn
 from perturb._validation import check_choice, check_int, check_tau
 from perturb.boxes.box import Box
 from perturb.boxes.embedding import BoxEmbedding
-# TODO(intersection.py owner): export this as a public name (log(1 − P) given log P); it is
+# TODO(intersections.py owner): export this as a public name (log(1 − P) given log P); it is
 # the only private name the hierarchy application still imports.
-from perturb.boxes.intersection import _log1m_containment, intersection, log_containment_prob
-from perturb.boxes.volume import volume
+from perturb.boxes.intersections import _log1m_containment, intersection, log_containment_prob
+from perturb.boxes.volumes import volume
 from perturb.boxes.hierarchy.config import METHODS
 
 __all__ = ["BoxHierarchyModel", "PairScores", "check_model"]

@@ -18,8 +18,8 @@ the training device; negatives are drawn and filtered there (binary search), the
 is kept on the device, and the host reads the metrics of an epoch once, at its end. The step
 itself reads nothing back (with ``sampler="fixed"``; the CPU default, ``"adaptive"``, reads one
 flag per rejection round, which costs nothing on a CPU). What still synchronises inside the box
-operations themselves (regime checks in :mod:`perturb.boxes.volume` and
-:mod:`perturb.boxes.intersection`) is counted in ``docs/box_hierarchy.md``.
+operations themselves (regime checks in :mod:`perturb.boxes.volumes` and
+:mod:`perturb.boxes.intersections`) is counted in ``docs/box_hierarchy.md``.
 
 Diagnostics (:class:`TrainHistory`) run on a schedule (``HierarchyConfig.diagnostics_every``):
 on the first step of each epoch and every N steps after it. A diagnostic step measures

@@ -31,7 +31,7 @@ asymptotic series of K0 and K1 for z >= 20, where k1e/k0e − 1 cancels). Evalua
 one gather of the coefficients and 3 or 6 fused multiply-adds per element: several times
 cheaper than k0e and k1e (about 45 ns per element each on a CPU core), and g and g' come from
 the same gather, so the fused volume computes the slope in its forward and its backward is a
-multiplication. Accuracy (tests/boxes/test_volume.py, a 400,001-point grid and mpmath at 40
+multiplication. Accuracy (tests/boxes/test_volumes.py, a 400,001-point grid and mpmath at 40
 digits): float64 within 4e-15 of torch.special (absolute on g where |g| <= 1, relative
 beyond; relative on q; 2.2e-15 and 2.6e-15 measured), float32 within 2 eps of the float64
 values at the same argument (1.5 and 1.35 eps measured; torch.special's float32 k0e/k1e, the
@@ -62,10 +62,10 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from perturb._math import EULER_GAMMA, exp_floored
+from perturb._math import EULER_GAMMA, exp_floored, nan_to_
 from perturb._precision import full_precision
 from perturb._validation import broadcasts_to, check_choice, check_tau, reads_stall
-from perturb.boxes.box import Box, _check_corner
+from perturb.boxes.box import Box, _check_corner, _width
 
 __all__ = ["volume", "gumbel_side_length", "log_gumbel_side_length", "EULER_GAMMA"]
 
@@ -354,7 +354,8 @@ def _log_gumbel_side_slope(width: torch.Tensor, beta: float | torch.Tensor, appr
 
 
 def _log_softplus(y: torch.Tensor) -> torch.Tensor:
-    """log(softplus(y)) = log log(1 + e^y), finite for every finite y (≈ y − e^y/2 for y ≪ 0).
+    """log(softplus(y)) = log log(1 + e^y), finite for every finite y (≈ y − e^y/2 for y ≪ 0),
+    ∓∞ at y = ∓∞ with finite gradients (1 and 0).
 
     Branch-free: with m = min(y, 0), p = y − m = max(y, 0) and v = e^{−min(|y|, 80)},
 
@@ -367,7 +368,7 @@ def _log_softplus(y: torch.Tensor) -> torch.Tensor:
     there agree).
     """
     m = y.clamp(max=0.0)
-    p = y - m
+    p = nan_to_(y - m, 0.0)   # y = −∞ (an empty side at infinity): p = 0, not NaN
     v = torch.exp((m - p).clamp(min=-80.0))
     return torch.log(p + torch.log1p(v) * torch.exp((-m).clamp(max=80.0))) + m
 
@@ -414,7 +415,7 @@ class _LogVolume(torch.autograd.Function):
     def forward(lower: torch.Tensor, upper: torch.Tensor,
                 scale: float, shift: float, exact: bool, slope: bool = True
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        t = upper - lower
+        t = _width(lower, upper)
         d = t.shape[-1]
         if exact:
             t.mul_(-0.5 / scale).add_(_LOG2)
@@ -429,7 +430,7 @@ class _LogVolume(torch.autograd.Function):
             value = _log_softplus_value(t)
             aux = t
             const = d * math.log(scale)
-        return value.sum(dim=-1).add_(const), aux
+        return _sum_log_sides(value).add_(const), aux
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
@@ -501,11 +502,17 @@ def log_gumbel_side_length(lower: torch.Tensor, upper: torch.Tensor,
 def _log_gumbel_side_length(lower: torch.Tensor, upper: torch.Tensor,
                             beta: float | torch.Tensor, approx: bool) -> torch.Tensor:
     beta = _as_scale(beta, "beta", lower)
-    x = upper - lower
+    x = _width(lower, upper)
     if approx:
         return _log(beta) + _log_softplus(x / beta - 2.0 * EULER_GAMMA)
     u = _LOG2 - x / (2.0 * beta)
     return _log(2.0 * beta) + _LogK0Exp.apply(u)
+
+
+def _sum_log_sides(log_sides: torch.Tensor) -> torch.Tensor:
+    """Σ_i log side_i over the last dim; −inf where an empty side (log 0) meets an infinite one
+    (∞ − ∞ = NaN): a box with an empty side is empty (:class:`~perturb.boxes.Box`)."""
+    return nan_to_(log_sides.sum(dim=-1), -math.inf)
 
 
 def gumbel_side_length(lower: torch.Tensor, upper: torch.Tensor,
@@ -588,19 +595,18 @@ def _log_volume_of(lower: torch.Tensor, upper: torch.Tensor, method: str, beta: 
                    temperature: Any, approx: bool) -> torch.Tensor:
     box = Box._trusted(lower, upper)
     if method == "hard":
-        return _log_hard_volume(box.upper - box.lower)
+        return _log_hard_volume(_width(box.lower, box.upper))
     if method == "soft":
         t = _as_scale(1.0 if temperature is None else temperature, "temperature", box.lower)
         if not isinstance(t, torch.Tensor):
             return _LogVolume.apply(box.lower, box.upper, t, 0.0, False)[0]
-        width = box.upper - box.lower
-        return (_log(t) + _log_softplus(width / t)).sum(dim=-1)
+        return _sum_log_sides(_log(t) + _log_softplus(_width(box.lower, box.upper) / t))
     b = _as_scale(1.0 if beta is None else beta, "beta", box.lower)
     if not isinstance(b, torch.Tensor):
         slope = torch.is_grad_enabled() and (box.lower.requires_grad or box.upper.requires_grad)
         return _LogVolume.apply(box.lower, box.upper, b, 2.0 * EULER_GAMMA if approx else 0.0,
                                 not approx, slope)[0]
-    return _log_gumbel_side_length(box.lower, box.upper, b, approx).sum(dim=-1)
+    return _sum_log_sides(_log_gumbel_side_length(box.lower, box.upper, b, approx))
 
 
 def volume(box: Box, method: str | None = None, beta: float | torch.Tensor | None = None,

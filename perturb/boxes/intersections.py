@@ -9,9 +9,10 @@ are independent then P(max ≤ t) = exp(−e^{−(t−μ_a)/β} − e^{−(t−�
 
 and likewise min(X_hi^a, X_hi^b) ~ MinGumbel(−lse_β(−μ_hi^a, −μ_hi^b), β). So the intersection
 of two Gumbel boxes is again a Gumbel box, with those corner locations, and its expected volume
-has the closed form of :func:`~perturb.boxes.volume`. (This only works with MaxGumbel lower and
+has the closed form of :func:`~perturb.boxes.volumes`. (This only works with MaxGumbel lower and
 MinGumbel upper corners.) lse_β is computed as ``max(a, b) + β·log1p(exp(−|a − b|/β))``, exact
-for any β and ±1e4 coordinates.
+for any β and ±1e4 coordinates, and never below the hard corner max(a, b) (the correction is
+added to it), so the Gumbel intersection lies inside the hard one exactly, in any dtype.
 
 Containment: ``P(b ⊆ a) := E[Vol(a ∩ b)] / E[Vol(b)]``, the conditional probability of the box
 model (the probability, under the uniform measure, that a point of b lies in a); for Gumbel
@@ -21,16 +22,18 @@ approximation of E[Vol(a ∩ b)/Vol(b)]), computed as a difference of log volume
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from perturb._math import exp_floored, logaddexp2
+from perturb._math import exp_floored, log_expm1, logaddexp2, nan_to_
 from perturb._math import log1mexp as _log1mexp
-from perturb._validation import check_tau, check_value, reads_stall, validation_enabled
+from perturb._validation import check_value, reads_stall, validation_enabled
 from perturb.boxes.box import Box, _broadcast_boxes
-from perturb.boxes.volume import _log, _log_gumbel_side_slope, _log_softplus, _log_volume
+from perturb.boxes.volumes import (_any, _as_scale, _log, _log_gumbel_side_slope, _log_softplus,
+                                  _log_volume)
 
 __all__ = ["intersection", "containment_prob", "log_containment_prob",
            "log1m_containment_prob", "log1mexp", "overlap"]
@@ -39,20 +42,30 @@ __all__ = ["intersection", "containment_prob", "log_containment_prob",
 _NESTED = 1e-2
 
 
-def _lse_correction(a: torch.Tensor, b: torch.Tensor, beta: float | torch.Tensor
-                    ) -> torch.Tensor:
-    """lse_β(a, b) − max(a, b) = β·log1p(exp(−|a − b|/β)) ∈ [0, β·log 2]."""
-    return beta * torch.log1p(exp_floored(-(a - b).abs() / beta))
+def _neg_gap(a: torch.Tensor, b: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """−|a − b| = min(a, b) − max(a, b) (``m`` is the max), 0 where a = b = ±∞ (instead of
+    ∞ − ∞ = NaN: equal corners, also at infinity)."""
+    return nan_to_(torch.minimum(a, b).sub_(m), 0.0)
+
+
+def _lse_correction(a: torch.Tensor, b: torch.Tensor, beta: float | torch.Tensor,
+                    m: torch.Tensor) -> torch.Tensor:
+    """lse_β(a, b) − max(a, b) = β·log1p(exp(−|a − b|/β)) ∈ [0, β·log 2] (``m`` the max)."""
+    return beta * torch.log1p(exp_floored(_neg_gap(a, b, m) / beta))
 
 
 class _GumbelIntersection(torch.autograd.Function):
     """Corners of the Gumbel intersection for a fixed scale β > 0 (one node, analytic backward).
 
-        lower = β·log(e^{lo_a/β} + e^{lo_b/β}),   upper = −β·log(e^{−hi_a/β} + e^{−hi_b/β})
+        lower = β·log(e^{lo_a/β} + e^{lo_b/β}) = max(lo_a, lo_b) + β·softplus(−|lo_a − lo_b|/β)
+        upper = −β·log(e^{−hi_a/β} + e^{−hi_b/β}) = min(hi_a, hi_b) − β·softplus(−|hi_a − hi_b|/β)
         ∂lower/∂lo_a = σ((lo_a − lo_b)/β) = 1 − ∂lower/∂lo_b
         ∂upper/∂hi_a = σ((hi_b − hi_a)/β) = 1 − ∂upper/∂hi_b
 
-    The inputs must already have a common shape.
+    The second form adds a non-negative correction to the hard corner, so the Gumbel
+    intersection lies inside the hard one exactly, after rounding too (β·logaddexp(a/β, b/β)
+    rounds up to 1 ulp below max(a, b): a/β·β is not a). Equal infinite corners give that
+    corner (the gap ∞ − ∞ is read as 0). The inputs must already have a common shape.
     """
 
     generate_vmap_rule = True
@@ -62,8 +75,12 @@ class _GumbelIntersection(torch.autograd.Function):
                 lo_b: torch.Tensor, hi_b: torch.Tensor, beta: float
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         c = 1.0 / beta
-        lower = torch.logaddexp(lo_a * c, lo_b * c).mul_(beta)
-        upper = torch.logaddexp(hi_a * -c, hi_b * -c).mul_(-beta)
+        lower = torch.maximum(lo_a, lo_b)
+        lower.add_(F.softplus(_neg_gap(lo_a, lo_b, lower), beta=c))
+        upper = torch.minimum(hi_a, hi_b)
+        top = torch.maximum(hi_a, hi_b)
+        gap = nan_to_(torch.sub(upper, top, out=top), 0.0)   # −|Δ| = min − max
+        upper.sub_(F.softplus(gap, beta=c))
         return lower, upper
 
     @staticmethod
@@ -90,13 +107,14 @@ def _gumbel_intersection_backward(lo_a: torch.Tensor, hi_a: torch.Tensor, lo_b: 
     σ(±(a − b)/β) times the incoming gradients (None where not needed)."""
     c = 1.0 / beta
     g_lo_a = g_lo_b = g_hi_a = g_hi_b = None
+    # equal infinite corners (∞ − ∞ = NaN) share the gradient: weight 1/2
     if g_lower is not None and (needs[0] or needs[2]):
-        w = torch.sigmoid((lo_a - lo_b).mul_(c))
+        w = torch.sigmoid(nan_to_((lo_a - lo_b).mul_(c), 0.0))
         g_lo_a = w.mul_(g_lower)
         g_lo_b = g_lower - g_lo_a if needs[2] else None
         g_lo_a = g_lo_a if needs[0] else None
     if g_upper is not None and (needs[1] or needs[3]):
-        w = torch.sigmoid((hi_b - hi_a).mul_(c))
+        w = torch.sigmoid(nan_to_((hi_b - hi_a).mul_(c), 0.0))
         g_hi_a = w.mul_(g_upper)
         g_hi_b = g_upper - g_hi_a if needs[3] else None
         g_hi_a = g_hi_a if needs[1] else None
@@ -139,13 +157,15 @@ def intersection(a: Box, b: Box, beta: float | torch.Tensor | None = None) -> Bo
     a, b = _broadcast_boxes(a, b)
     if beta is None:
         return Box._trusted(torch.maximum(a.lower, b.lower), torch.minimum(a.upper, b.upper))
-    check_tau(beta, "beta")
+    beta = _as_scale(beta, "beta", a.lower)
     if not isinstance(beta, torch.Tensor):
         return Box._trusted(*_GumbelIntersection.apply(a.lower, a.upper, b.lower, b.upper,
-                                                       float(beta)))
-    beta = beta.to(dtype=a.dtype, device=a.device)
-    return Box._trusted(torch.maximum(a.lower, b.lower) + _lse_correction(a.lower, b.lower, beta),
-                        torch.minimum(a.upper, b.upper) - _lse_correction(a.upper, b.upper, beta))
+                                                       beta))
+    lower = torch.maximum(a.lower, b.lower)
+    upper = torch.minimum(a.upper, b.upper)
+    neg_upper = -upper   # the max of the negated upper corners
+    return Box._trusted(lower + _lse_correction(a.lower, b.lower, beta, lower),
+                        upper - _lse_correction(-a.upper, -b.upper, beta, neg_upper))
 
 
 def _log_volumes(a: Box, b: Box, beta: float | torch.Tensor | None,
@@ -158,9 +178,10 @@ def _log_volumes(a: Box, b: Box, beta: float | torch.Tensor | None,
     if beta is not None:
         if temperature is not None:
             raise ValueError("give beta (Gumbel boxes) or temperature (soft volumes), not both")
-        check_tau(beta, "beta")
         method, vbeta = "gumbel", beta if volume_beta is None else volume_beta
-        check_tau(vbeta, "volume_beta")
+        # the volume scale against b's own boxes (its volume is computed on b's shape), under
+        # the name the caller used; β itself is checked by the intersection
+        _as_scale(vbeta, "beta" if volume_beta is None else "volume_beta", b.lower)
     else:
         if volume_beta is not None:
             raise ValueError(f"volume_beta={volume_beta!r} needs a Gumbel intersection: give "
@@ -179,13 +200,49 @@ def log_containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = Non
                          temperature: float | torch.Tensor | None = None,
                          approx: bool = False) -> torch.Tensor:
     """``log P(b ⊆ a) = log E[Vol(a ∩ b)] − log E[Vol(b)]``; see :func:`containment_prob`."""
-    log_inter, method, vbeta = _log_volumes(a, b, beta, volume_beta, temperature, approx)
-    log_b = _log_volume(b, method, vbeta, temperature, approx)
-    out = log_inter - log_b
-    if method == "hard":
-        # An empty hard b is contained in every box: P = 1 (0/0 otherwise).
-        out = torch.where(torch.isneginf(log_b).expand_as(out), torch.zeros_like(out), out)
+    def log_p(a: Box, b: Box) -> torch.Tensor:
+        log_inter, method, vbeta = _log_volumes(a, b, beta, volume_beta, temperature, approx)
+        log_b = _log_volume(b, method, vbeta, temperature, approx)
+        out = log_inter - log_b
+        if method == "hard":
+            # An empty hard b is contained in every box: P = 1 (0/0 otherwise).
+            out = torch.where(torch.isneginf(log_b).expand_as(out), torch.zeros_like(out), out)
+        return out
+
+    out = _where_unbounded(log_p(a, b), a, b, log_p, (beta, volume_beta, temperature))
     return out.clamp(max=0.0)
+
+
+def _where_unbounded(out: torch.Tensor, a: Box, b: Box, fn: Callable[[Box, Box], torch.Tensor],
+                     scales: tuple) -> torch.Tensor:
+    """``out = fn(a, b)``, its NaNs (∞/∞ or 0/0 of volumes: boxes with ±inf corners) replaced
+    by the limit of ``fn`` on the boxes cut to the cube [−R, R]^d as R → ∞ (:class:`Box`), and
+    what is NaN even then (0/0 of boxes empty at infinity) by 0: log 1, an empty box is
+    contained.
+
+    R = 4·(M + s + 1)/eps, with M the largest finite |corner| and s the sum of the scales (β,
+    T): the cut moves no finite corner and the ratios are at their limit to rounding (a ratio
+    that tends to 0 comes out O(1/R)). The pairs with a NaN are recomputed with their boxes cut
+    (the first computation is dropped for them, so its infinite derivatives never meet the
+    backward pass). Only where needed: one host read of ``isnan(out).any()`` on the CPU; on
+    CUDA, under ``torch.compile`` and inside ``torch.func`` (no host reads there) every call
+    computes ``fn`` a second time.
+    """
+    nan = torch.isnan(out)
+    if not _any(nan.any()):
+        return out
+    corners = torch.broadcast_tensors(a.lower, a.upper, b.lower, b.upper)
+    with torch.no_grad():
+        m = torch.stack([torch.where(torch.isfinite(c), c.abs(), 0.0).amax() if c.numel()
+                         else c.new_zeros(()) for c in corners]).amax()
+        for s in scales:
+            if s is not None:
+                m = m + (s.detach().amax().to(m) if isinstance(s, torch.Tensor) else float(s))
+        r = 4.0 * (m + 1.0) / torch.finfo(out.dtype).eps
+    rows = nan.reshape(*nan.shape, 1).expand(corners[0].shape)
+    cut = [torch.where(rows, c.clamp(-r, r), c) for c in corners]
+    limit = fn(Box._trusted(cut[0], cut[1]), Box._trusted(cut[2], cut[3]))
+    return nan_to_(limit, 0.0)
 
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
@@ -225,8 +282,9 @@ def _log1m_nested(a: Box, b: Box, beta: float | torch.Tensor, vbeta: float | tor
     log softplus(·) never underflows, and log(1 − P) = log(1 − exp(−e^s)).
     """
     a, b = _broadcast_boxes(a, b)
-    y_lo = (a.lower - b.lower) / beta
-    y_hi = (b.upper - a.upper) / beta
+    # equal infinite corners (∞ − ∞) are equal corners: y = 0
+    y_lo = nan_to_((a.lower - b.lower) / beta, 0.0)
+    y_hi = nan_to_((b.upper - a.upper) / beta, 0.0)
     full = y_lo.shape
     if dense:
         log_delta = logaddexp2(_log_softplus(y_lo), _log_softplus(y_hi)) + _log(beta)
@@ -241,8 +299,7 @@ def _log1m_nested(a: Box, b: Box, beta: float | torch.Tensor, vbeta: float | tor
     # y < softplus⁻¹(c/β) = log(expm1(c/β)): a cheap test of every pair (a little loose),
     # the exact one (two log softplus per coordinate) only for the pairs that pass it
     ratio = _NESTED * vbeta / beta
-    bound = (torch.log(torch.expm1(ratio)) if isinstance(ratio, torch.Tensor)
-             else math.log(math.expm1(ratio))) + 1e-3
+    bound = log_expm1(ratio) + 1e-3
     cand = (torch.maximum(y_lo, y_hi) <= bound).all(dim=-1)
 
     def pick(t: Any, mask: torch.Tensor) -> Any:
@@ -409,14 +466,18 @@ def overlap(a: Box, b: Box, beta: float | torch.Tensor | None = None,
         >>> overlap(a, b)
         tensor(0.3333)
     """
-    log_inter, method, vbeta = _log_volumes(a, b, beta, volume_beta, temperature, approx)
-    la = _log_volume(a, method, vbeta, temperature, approx)
-    lb = _log_volume(b, method, vbeta, temperature, approx)
-    lab = torch.logaddexp(la, lb)
-    # li <= min(la, lb) for every method, so li - lab <= -log 2: log1mexp is stable there.
-    d = (log_inter - lab).clamp(max=-math.log(2.0))
-    finite = torch.isfinite(lab)
-    d = torch.where(finite, d, torch.full_like(d, -1.0))
-    log_union = lab + torch.log(-torch.expm1(d))
-    out = torch.where(finite, log_inter - log_union, torch.full_like(d, -math.inf))
+    def log_overlap(a: Box, b: Box) -> torch.Tensor:
+        log_inter, method, vbeta = _log_volumes(a, b, beta, volume_beta, temperature, approx)
+        la = _log_volume(a, method, vbeta, temperature, approx)
+        lb = _log_volume(b, method, vbeta, temperature, approx)
+        lab = torch.logaddexp(la, lb)
+        # two empty boxes, or a bounded intersection in an unbounded union: overlap 0
+        zero = torch.isneginf(lab) | (torch.isposinf(lab) & ~torch.isposinf(log_inter))
+        unbounded = torch.isposinf(log_inter)   # ∞/∞: NaN here, the limit below
+        # li <= min(la, lb) for every method, so li - lab <= -log 2: log1mexp is stable there.
+        d = torch.where(zero | unbounded, -1.0, (log_inter - lab).clamp(max=-math.log(2.0)))
+        out = log_inter - (lab + torch.log(-torch.expm1(d)))
+        return torch.where(zero, -math.inf, torch.where(unbounded, math.nan, out))
+
+    out = _where_unbounded(log_overlap(a, b), a, b, log_overlap, (beta, volume_beta, temperature))
     return out if log else torch.exp(out)

@@ -1,15 +1,15 @@
-"""Tests of perturb/boxes/intersection.py: intersection, containment probability and overlap."""
+"""Tests of perturb/boxes/intersections.py: intersection, containment probability and overlap."""
 import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from perturb.boxes import (EULER_GAMMA, Box, containment_prob, intersection,
                            log1m_containment_prob, log1mexp,
                            log_containment_prob, overlap, volume)
-from perturb.boxes.intersection import _gumbel_intersection_backward, _GumbelIntersection
+from perturb.boxes.intersections import _gumbel_intersection_backward, _GumbelIntersection
 
 F64 = torch.float64
 
@@ -385,7 +385,7 @@ def test_log1m_containment_gradcheck_and_nested_gradient():
     def f(la, ha, lb, hb):
         return log1m_containment_prob(Box(la, ha), Box(lb, hb), beta=0.05, volume_beta=0.2)
 
-    from perturb.boxes.intersection import _log1m_nested
+    from perturb.boxes.intersections import _log1m_nested
     nested, _ = _log1m_nested(Box(lo_a, hi_a), Box(lo_b, hi_b), 0.05, 0.2, False)
     assert nested.tolist() == [True, False, False]
     lo_b2 = lo_b.clone()
@@ -441,7 +441,7 @@ def test_nested_log1m_dense_path_equals_the_indexed_one(dtype):
     """The branch-free nested-pair path (the default where host reads stall: CUDA, compile,
     torch.func) gives the same log(1 − P) and gradients as the indexed CPU path, on a mix of
     deeply nested, barely nested, partly outside and far pairs."""
-    from perturb.boxes.intersection import _log1m_containment, _log1m_nested
+    from perturb.boxes.intersections import _log1m_containment, _log1m_nested
     g = torch.Generator().manual_seed(0)
     n, d = 3000, 6
     plo = 2 * torch.rand(n, d, generator=g, dtype=dtype)
@@ -472,7 +472,7 @@ def test_nested_log1m_dense_path_equals_the_indexed_one(dtype):
 def test_nested_log1m_dense_path_gradcheck():
     """float64 gradcheck of the branch-free nested-pair path, on nested and non-nested pairs
     (the non-nested ones go through its safe, unused branch)."""
-    from perturb.boxes.intersection import _log1m_containment
+    from perturb.boxes.intersections import _log1m_containment
     plo = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
     phi = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]], dtype=torch.float64)
     clo = torch.tensor([[0.3, 0.4], [0.2, -0.3], [0.05, 0.3]], dtype=torch.float64)
@@ -486,3 +486,90 @@ def test_nested_log1m_dense_path_gradcheck():
     args = tuple(t.clone().requires_grad_() for t in (plo, phi, clo, chi))
     assert bool(torch.isfinite(f(*args)).all())
     assert torch.autograd.gradcheck(f, args)
+
+
+_NESTED_PAIR = [0.0, 1.0, 0.0, 1.0, 0.2, 0.5, 0.3, 0.6]   # b well inside a
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-0.5, 1.5), min_size=8, max_size=8),
+       st.floats(-5.0, 0.0), st.floats(1.0, 50.0), st.booleans())
+@example(_NESTED_PAIR, -5.0, 1.0, False).via("the corners of both ranges")
+@example(_NESTED_PAIR, -5.0, 50.0, True).via("the corners of both ranges")
+@example(_NESTED_PAIR, 0.0, 50.0, False).via("the corners of both ranges")
+@example(_NESTED_PAIR, 0.0, 1.0, True).via("the corners of both ranges")
+def test_log1m_containment_over_the_whole_range_of_both_scales(c, log10_beta, vbeta, tensor):
+    """Intersection scale β ∈ [1e-5, 1] and volume scale β_vol ∈ [1, 50] (the ranges
+    box-embeddings tests), float or tensor scales: log(1 − P) is finite, ≤ 0, agrees with the
+    60-digit evaluation wherever that resolves 1 − P, and has finite gradients equal to the
+    central differences of that evaluation. (The nested-pair pre-test took
+    log(expm1(β_vol/β · 1e-2)), which overflowed for β_vol/β ≳ 7e4.) The comparison is with
+    the 60-digit differences, not a float64 gradcheck: the nested-pair formula (midpoint rule,
+    relative error < 1e-5) and the direct one differ by that much where a pair crosses
+    δ = 1e-2·β_vol, which a step of 1e-8 would see as a slope."""
+    beta = 10.0 ** log10_beta
+    t = torch.tensor(c, dtype=F64).reshape(4, 2)
+    lo_a, hi_a = torch.minimum(t[0], t[1]), torch.maximum(t[0], t[1]) + 0.05
+    lo_b, hi_b = torch.minimum(t[2], t[3]), torch.maximum(t[2], t[3]) + 0.05
+    scales = (torch.tensor(beta, dtype=F64), torch.tensor(vbeta, dtype=F64)) if tensor \
+        else (beta, vbeta)
+
+    def f(la, ha, lb, hb):
+        return log1m_containment_prob(Box(la, ha), Box(lb, hb), *scales)
+
+    value = f(lo_a, hi_a, lo_b, hi_b).item()
+    assert math.isfinite(value) and value <= 0.0
+    want = _mp_log1m_containment(lo_a.tolist(), hi_a.tolist(), lo_b.tolist(), hi_b.tolist(),
+                                 beta, vbeta)
+    if want > -100:            # 1 − P above 1e-43: resolved by the 60 digits
+        assert value == pytest.approx(want, rel=1e-5, abs=1e-12)
+    ins = tuple(x.clone().requires_grad_() for x in (lo_a, hi_a, lo_b, hi_b))
+    grads = torch.autograd.grad(f(*ins), ins)
+    assert all(bool(torch.isfinite(g).all()) for g in grads)
+    if want > -100:
+        corners = [x.tolist() for x in (lo_a, hi_a, lo_b, hi_b)]
+        h = 1e-9
+        for k, g in enumerate(grads):
+            for i in range(2):
+                up = [list(x) for x in corners]
+                down = [list(x) for x in corners]
+                up[k][i] += h
+                down[k][i] -= h
+                fd = (_mp_log1m_containment(*up, beta, vbeta)
+                      - _mp_log1m_containment(*down, beta, vbeta)) / (2 * h)
+                assert g[i].item() == pytest.approx(fd, rel=1e-3, abs=1e-6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.floats(-1e4, 1e4, allow_subnormal=False), min_size=8, max_size=8),
+       st.floats(-6.0, 2.0), st.sampled_from([torch.float32, F64]), st.booleans(),
+       st.floats(0.0, 1e-3))
+def test_gumbel_intersection_lies_inside_the_hard_one(c, log10_beta, dtype, tensor, jitter):
+    """For every input, dtype and scale β (float or tensor): the Gumbel intersection's lower
+    corner is >= max(lo_a, lo_b) and its upper corner <= min(hi_a, hi_b), exactly, after
+    rounding (box-embeddings asserts this for its Gumbel intersection). Corners a rounding
+    apart (``jitter`` of a few ulps) are where β·logaddexp(a/β, b/β) fell 1 ulp outside."""
+    beta = 10.0 ** log10_beta
+    t = torch.tensor(c, dtype=dtype).reshape(4, 2)
+    t[2] = t[0] * (1 + jitter)           # near-equal corners: the rounding-sensitive case
+    a, b = Box(t[0], t[1]), Box(t[2], t[3])
+    inter = intersection(a, b, torch.tensor(beta, dtype=dtype) if tensor else beta)
+    assert bool((inter.lower >= torch.maximum(a.lower, b.lower)).all())
+    assert bool((inter.upper <= torch.minimum(a.upper, b.upper)).all())
+    # and it is the scaled log-sum-exp to rounding
+    want = beta * torch.logaddexp(a.lower.double() / beta, b.lower.double() / beta)
+    torch.testing.assert_close(inter.lower.double(), want, rtol=4 * torch.finfo(dtype).eps,
+                               atol=4 * beta * torch.finfo(dtype).eps)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_gumbel_intersection_inside_the_hard_one_on_many_random_pairs(dtype):
+    """The same containment on 10^5 random pairs per β (the rounding case has a probability
+    of about 1/10 per coordinate with the logaddexp form)."""
+    g = torch.Generator().manual_seed(0)
+    lo = torch.randn(4, 100_000, generator=g, dtype=dtype) * 10
+    lo[1] = lo[0] + torch.randn(100_000, generator=g, dtype=dtype) * 1e-3
+    for beta in (1e-5, 1e-3, 0.1, 0.3, 1.0, 7.0):
+        inter = intersection(Box(lo[0], lo[2]), Box(lo[1], lo[3]), beta)
+        assert bool((inter.lower >= torch.maximum(lo[0], lo[1])).all()), beta
+        assert bool((inter.upper <= torch.minimum(lo[2], lo[3])).all()), beta

@@ -1,4 +1,4 @@
-"""Tests of perturb/boxes/volume.py: hard, soft and Gumbel volumes, and the Bessel backward."""
+"""Tests of perturb/boxes/volumes.py: hard, soft and Gumbel volumes, and the Bessel backward."""
 import math
 
 import numpy as np
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from perturb._validation import set_validation
 from perturb.boxes import EULER_GAMMA, Box, gumbel_side_length, volume
-from perturb.boxes.volume import _log_k0_exp_backward, _LogK0Exp, _u_max
+from perturb.boxes.volumes import _log_k0_exp_backward, _LogK0Exp, _u_max
 
 SEPARATIONS = [-3.0, -1.0, -0.5, -0.1, 0.0, 0.2, 1.0, 2.5, 10.0]
 BETAS = [0.05, 0.3, 1.0, 2.0]
@@ -191,7 +191,7 @@ def test_log_k0_exp_gradcheck_all_regimes():
 def test_log_side_slope_matches_scipy_and_gradcheck():
     """log L'(x) (L = log expected Gumbel side) = log(z K1(z)/K0(z)) − log 2β, z = 2e^{−x/2β};
     its custom derivative h'(u) = z (K1/K0 − K0/K1) by gradcheck in every regime."""
-    from perturb.boxes.volume import _log_gumbel_side_slope, _LogNegGPrime
+    from perturb.boxes.volumes import _log_gumbel_side_slope, _LogNegGPrime
     beta = 0.3
     x = np.array([-20.0, -3.0, -0.5, 0.0, 0.4, 2.0, 10.0, 40.0])
     z = 2 * np.exp(-x / (2 * beta))
@@ -246,7 +246,7 @@ def test_table_matches_torch_special_on_a_dense_grid():
     q = −g' over the whole table range (400,001 points, about 50 per interval): float64
     within 4e-15 (absolute on g for |g| <= 1, relative beyond; relative on q); float32 within
     2 eps of the float64 values at the same (float32) arguments."""
-    from perturb.boxes.volume import _log_k0_exp
+    from perturb.boxes.volumes import _log_k0_exp
     u = torch.linspace(-20.0, 36.0, 400_001, dtype=torch.float64)
     g, q = _log_k0_exp(u)
     g_ref, q_ref = _torch_special_g_q(u)
@@ -262,7 +262,7 @@ def test_table_matches_torch_special_on_a_dense_grid():
 
 def test_table_matches_mpmath():
     mpmath = pytest.importorskip("mpmath")
-    from perturb.boxes.volume import _log_k0_exp, _log_neg_g_prime
+    from perturb.boxes.volumes import _log_k0_exp, _log_neg_g_prime
     us = torch.linspace(-25.0, 45.0, 281, dtype=torch.float64)
     g_want, q_want, b_want = [], [], []
     with mpmath.workdps(40):
@@ -287,7 +287,7 @@ def test_table_matches_mpmath():
 
 def test_table_pieces_join_and_chunks_agree(monkeypatch):
     import importlib
-    vol = importlib.import_module("perturb.boxes.volume")
+    vol = importlib.import_module("perturb.boxes.volumes")
     # both sides of the interval ends u = (k + 1/2)/8: the pieces interpolate at the ends
     # (Chebyshev–Lobatto nodes), so each jump is the reference's own change over 2e-9
     ends = -20.0 + 0.125 * (torch.arange(448, dtype=torch.float64) + 0.5)
@@ -445,7 +445,7 @@ def test_bad_box_and_validation_toggle():
 
 # ---------------------------------------------------------------------- fused log volume
 def test_fused_log_volume_gradcheck_and_helper():
-    from perturb.boxes.volume import _log_volume_backward, _LogVolume
+    from perturb.boxes.volumes import _log_volume_backward, _LogVolume
     g = torch.Generator().manual_seed(2)
     lo = torch.randn(3, 5, generator=g, dtype=torch.float64)
     hi = lo + 2 * torch.randn(3, 5, generator=g, dtype=torch.float64)
@@ -513,16 +513,18 @@ def test_cuda_matches_cpu():
             torch.testing.assert_close(d.cpu(), c)
 
 
-def test_nan_width_gives_nan_not_an_index_error():
-    # ∞ − ∞ widths are NaN; without the input check they must propagate, not index the table
-    # out of range
-    from perturb.boxes.volume import _log_k0_exp
+def test_a_side_at_one_infinity_is_degenerate_and_a_nan_argument_never_indexes_the_table():
+    # ∞ − ∞ is a side with both corners at the same infinity: width 0 (the limit of [R, R]),
+    # so the volume equals that of a box with a zero-width side there, not NaN
     inf = math.inf
-    lo = torch.tensor([[inf, 0.0], [0.0, 0.0]])
-    hi = torch.tensor([[inf, 1.0], [1.0, 1.0]])
-    with set_validation(False):
-        v = volume(Box(lo, hi), beta=0.1, log=True)
-    assert bool(torch.isnan(v[0])) and bool(torch.isfinite(v[1]))
+    lo = torch.tensor([[inf, 0.0], [-inf, 0.0]])
+    hi = torch.tensor([[inf, 1.0], [-inf, 1.0]])
+    point = Box(torch.zeros(2, 2), torch.tensor([[0.0, 1.0], [0.0, 1.0]]))
+    for kw in ({"beta": 0.1}, {"temperature": 0.5}, {"method": "hard"}):
+        torch.testing.assert_close(volume(Box(lo, hi), log=True, **kw),
+                                   volume(point, log=True, **kw))
+    # the table lookup itself propagates a NaN argument instead of indexing out of range
+    from perturb.boxes.volumes import _log_k0_exp
     for dt in (torch.float32, torch.float64):
         g, q = _log_k0_exp(torch.tensor([math.nan, 0.0], dtype=dt))
         assert bool(torch.isnan(g[0])) and bool(torch.isnan(q[0]))
@@ -539,7 +541,7 @@ _LOG_SOFTPLUS_Y = [-1e4, -500.0, -100.0, -81.0, -79.0, -50.0, -30.5, -29.5, -20.
 def test_log_softplus_is_accurate_everywhere(dtype, rtol):
     """The branch-free log softplus against 50-digit mpmath, from −1e4 to 1e4, value and
     derivative σ(y)/softplus(y) (also at the kink-free y = 0)."""
-    from perturb.boxes.volume import _log_softplus
+    from perturb.boxes.volumes import _log_softplus
     mp = pytest.importorskip("mpmath")
     mp.mp.dps = 50
     y = torch.tensor(_LOG_SOFTPLUS_Y, dtype=dtype, requires_grad=True)
@@ -554,6 +556,6 @@ def test_log_softplus_is_accurate_everywhere(dtype, rtol):
 
 
 def test_log_softplus_gradcheck():
-    from perturb.boxes.volume import _log_softplus
+    from perturb.boxes.volumes import _log_softplus
     y = torch.linspace(-100, 100, 41, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(_log_softplus, (y,))
