@@ -44,7 +44,8 @@ def _random_callables() -> dict[str, object]:
     found = {}
     for m in MODULES:
         mod = importlib.import_module(m)
-        for name in getattr(mod, "__all__", []):
+        # `perturb` is public but outside __all__ (a star import must not rebind the package)
+        for name in [*getattr(mod, "__all__", []), *(["perturb"] if m == "perturb" else [])]:
             obj = getattr(mod, name)
             targets = []
             if inspect.isclass(obj):
@@ -347,3 +348,43 @@ def test_relax_every_pair_same_bits(pair, hard):
         first, second = run(3), run(3)
     for a, b in zip(first, second):
         assert torch.equal(a, b)
+
+
+SAMPLERS = {"sample_ksubset": ["w", "k"], "sample_correlated_topk": ["w", "k"],
+            "sample_spanning_tree": ["w"], "sample_arborescence": ["w", "root"]}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_every_sampler_takes_one_argument_order(name):
+    """(w, [k or root,] n_samples, generator, *, tau, ...): ``sample_ksubset(w, 5, 10)`` and
+    ``sample_spanning_tree(w, 10)`` both mean 10 samples, τ is keyword-only."""
+    sig = inspect.signature(getattr(perturb.structured, name))
+    positional = [p.name for p in sig.parameters.values()
+                  if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert positional == SAMPLERS[name] + ["n_samples", "generator"]
+    assert sig.parameters["tau"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_the_old_sampler_orders_keep_their_meaning_for_one_release():
+    """The old positional orders, (w, k, tau, n_samples, generator) for subsets and τ, mask, ...
+    after generator for trees, give the same samples as the keywords, with a FutureWarning at
+    the caller's line."""
+    for old, new in [
+        (lambda: perturb.structured.sample_ksubset(W, 2, 0.5, 4, _gen(3)),
+         lambda: perturb.structured.sample_ksubset(W, 2, 4, _gen(3), tau=0.5)),
+        (lambda: perturb.structured.sample_correlated_topk(W7, 2, 0.5, 4, _gen(3)),
+         lambda: perturb.structured.sample_correlated_topk(W7, 2, 4, _gen(3), tau=0.5)),
+        (lambda: perturb.structured.sample_spanning_tree(M, 4, _gen(3), 0.5),
+         lambda: perturb.structured.sample_spanning_tree(M, 4, _gen(3), tau=0.5)),
+        (lambda: perturb.structured.sample_arborescence(M, 1, 4, _gen(3), 0.5, None, None,
+                                                        "conditional"),
+         lambda: perturb.structured.sample_arborescence(M, 1, 4, _gen(3), tau=0.5,
+                                                        method="conditional")),
+    ]:
+        with pytest.warns(FutureWarning, match="is deprecated") as caught:
+            a = old()
+        assert all(w.filename == __file__ for w in caught)
+        assert torch.equal(a, new())
+    assert perturb.structured.sample_ksubset(W, 2, 10).shape == (10, *W.shape)
+    with pytest.raises(TypeError, match="tau"):
+        perturb.structured.sample_ksubset(W, 2, 4, None, 0.5)

@@ -17,7 +17,7 @@ Layout (one per structure family, see :mod:`perturb.structured`):
 """
 from perturb.structured.permutations._sinkhorn import SinkhornSolution  # noqa: F401 (old path)
 from perturb.structured.permutations.birkhoff import Permutations, matching
-from perturb.structured.permutations.sinkhorn import (
+from perturb.structured.permutations.matrix_scaling import (
     SinkhornConvergenceWarning,
     gumbel_sinkhorn,
     sinkhorn,

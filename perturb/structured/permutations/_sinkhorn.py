@@ -1,5 +1,5 @@
 r"""Sinkhorn iterations (log domain and absorbed scaling, accelerated) and their implicit backward
-(private; the public function is :func:`perturb.structured.permutations.sinkhorn.sinkhorn`).
+(private; the public function is :func:`perturb.structured.permutations.matrix_scaling.sinkhorn`).
 
 The problem (entropic optimal transport with cost −W and regularization τ)::
 

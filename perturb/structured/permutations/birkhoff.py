@@ -3,7 +3,7 @@ r"""Permutations and the Birkhoff polytope: the structure, exact matching, regis
 Z is the set of n x n permutation matrices; conv Z is the Birkhoff polytope of doubly stochastic
 matrices. The exact argmax is the maximum-weight perfect matching, solved by the Hungarian
 algorithm (:func:`matching`); the Entropy relaxation is Sinkhorn
-(:func:`perturb.structured.permutations.sinkhorn.sinkhorn`), its τ → 0 limit the matching.
+(:func:`perturb.structured.permutations.matrix_scaling.sinkhorn`), its τ → 0 limit the matching.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 from perturb._validation import check_int, check_scores
 from perturb.regularizers import Entropy, ExpFamilyEntropy, Regularizer
-from perturb.structured.permutations.sinkhorn import SINKHORN_BACKWARD, _check_tol, sinkhorn
+from perturb.structured.permutations.matrix_scaling import SINKHORN_BACKWARD, _check_tol, sinkhorn
 from perturb.structures import Structure, register_solver, register_unsupported
 
 __all__ = ["Permutations", "matching"]

@@ -45,7 +45,7 @@ import torch
 from perturb import _validation
 from perturb._validation import broadcasts_to, check_int, check_scores, check_value
 from perturb.regularizers import Entropy, ExpFamilyEntropy, Regularizer, SquaredNorm
-from perturb.structured.permutations.sinkhorn import SINKHORN_BACKWARD, _check_tol, sinkhorn
+from perturb.structured.permutations.matrix_scaling import SINKHORN_BACKWARD, _check_tol, sinkhorn
 from perturb.structures import Structure, register_solver, register_unsupported
 
 __all__ = ["Transport"]

@@ -22,7 +22,7 @@ from perturb.structured.subsets.correlated import (
     sample_correlated_topk,
 )
 from perturb.structured.subsets.dp import ksubset_log_partition, ksubset_marginals, sample_ksubset
-from perturb.structured.subsets.topk import KSubset, relaxed_topk, topk
+from perturb.structured.subsets.ksubsets import KSubset, relaxed_topk, topk
 
 __all__ = ["KSubset", "topk", "relaxed_topk", "ksubset_log_partition", "ksubset_marginals",
            "sample_ksubset",

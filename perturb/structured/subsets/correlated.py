@@ -63,10 +63,12 @@ softmax tricks", arXiv:2006.08063, §4 and App. C (correlated top-k; BeerAdvocat
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from perturb._deprecation import old_sampler_order
 from perturb._precision import full_precision
 from perturb._validation import check_int, check_scores, check_tau, scale_by_tau
 from perturb.regularizers import ExpFamilyEntropy, Regularizer
@@ -538,9 +540,9 @@ def correlated_topk_marginals(w: torch.Tensor, k: int,
 
 
 @full_precision
-def sample_correlated_topk(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0,
-                           n_samples: int | None = None,
-                           generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_correlated_topk(w: torch.Tensor, k: int, n_samples: int | None = None,
+                           generator: torch.Generator | None = None, *legacy: Any,
+                           tau: float | torch.Tensor = 1.0) -> torch.Tensor:
     r"""Exact samples z ~ q(z) ∝ exp(⟨w, z⟩/τ) over correlated k-subsets.
 
     Inside pass up the tree, then every node's split (t, j) drawn top-down by Gumbel-max from
@@ -550,9 +552,10 @@ def sample_correlated_topk(w: torch.Tensor, k: int, tau: float | torch.Tensor = 
     Args:
         w: scores ``(a, b)``: d unary, then d − 1 pairwise.
         k: number of items, 1 ≤ k ≤ d.
-        tau: temperature τ > 0.
         n_samples: if given, a leading dim of that many independent samples.
         generator: a ``torch.Generator`` (on the device of ``w``) for reproducibility.
+        tau: temperature τ > 0 (keyword-only; the old order ``(w, k, tau, n_samples,
+            generator)`` works for one release with a ``FutureWarning``).
 
     Shape: ``(*batch, 2d − 1)`` -> ``(*batch, 2d − 1)`` or ``(n_samples, *batch, 2d − 1)``,
     dtype of ``w``; no gradient.
@@ -564,6 +567,8 @@ def sample_correlated_topk(w: torch.Tensor, k: int, tau: float | torch.Tensor = 
     Complexity: O(dk) for the tables, then ⌈log₂ d⌉ steps for all samples at once, memory
     O(n_samples·B·d·k) per level.
     """
+    n_samples, generator, tau = old_sampler_order("sample_correlated_topk", n_samples,
+                                                  generator, legacy, tau)
     if n_samples is not None:
         check_int(n_samples, "n_samples", low=1)
     S = 1 if n_samples is None else n_samples

@@ -60,11 +60,14 @@ to maximize entropy" (conditional Poisson sampling and the tilted Bernoulli repr
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from perturb import _validation
+from perturb._deprecation import old_sampler_order
+from perturb._math import logaddexp2
 from perturb.backward import resolve_backward, solve_with_backward
 from perturb._validation import check_int, check_scores, check_tau, scale_by_tau
 from perturb.structured.subsets import _tree as _tree
@@ -72,7 +75,7 @@ from perturb.structured.subsets import _tree as _tree
 __all__ = ["ksubset_log_partition", "ksubset_marginals", "sample_ksubset"]
 
 # --------------------------------------------------------------------------------------------
-# argument handling shared with topk.py
+# argument handling shared with ksubsets.py
 # --------------------------------------------------------------------------------------------
 
 def _check_k(k: int, n: int, name: str = "k") -> int:
@@ -182,8 +185,10 @@ def _log_partition_tilted(ys: torch.Tensor, nu: torch.Tensor, k: int) -> torch.T
     """A(ys) = log P_ν(N = k) + Σ softplus(ys − ν) + kν, plain torch ops; ``(B, n) -> (B,)``."""
     x = ys - nu
     root = _tree._inside(_tree._probs(x), k)[-1]
-    # softplus as logaddexp(x, 0): F.softplus returns x itself above x = 20, off by e^{-20}
-    return torch.log(root[:, k]) + torch.logaddexp(x, x.new_zeros(())).sum(-1) + k * nu[:, 0]
+    # softplus as max(x, 0) + log1p(e^{−|x|}): exact (F.softplus returns x itself above
+    # x = 20, off by e^{-20}) and twice differentiable at any x (the double backward of
+    # torch.logaddexp overflows for the gaps of scores 1e4 at τ = 1e-3: "unroll" needs it)
+    return torch.log(root[:, k]) + logaddexp2(x, torch.zeros_like(x)).sum(-1) + k * nu[:, 0]
 
 
 class _KSubsetLogPartition(torch.autograd.Function):
@@ -324,9 +329,9 @@ def ksubset_marginals(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0,
     return _marginals_unrolled(y, k) if mode == "unroll" else _marginals_scaled(y, k)
 
 
-def sample_ksubset(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0,
-                   n_samples: int | None = None,
-                   generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_ksubset(w: torch.Tensor, k: int, n_samples: int | None = None,
+                   generator: torch.Generator | None = None, *legacy: Any,
+                   tau: float | torch.Tensor = 1.0) -> torch.Tensor:
     r"""Exact samples S ~ q(S) ∝ exp(Σ_{i∈S} w_i/τ) over k-subsets, as 0/1 indicators.
 
     Top-down through the tree of the inside pass: a node holding c items sends j to its left
@@ -338,9 +343,11 @@ def sample_ksubset(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0,
     Args:
         w: scores; ``-inf`` masks a position (never sampled).
         k: subset size, 1 ≤ k ≤ n.
-        tau: temperature τ > 0.
         n_samples: if given, a leading dim of that many independent samples.
         generator: a ``torch.Generator`` for reproducibility (on the device of ``w``).
+        tau: temperature τ > 0 (keyword-only, as for every sampler; the old order
+            ``(w, k, tau, n_samples, generator)``, recognised by a float third argument, works
+            for one release with a ``FutureWarning``).
 
     Shape: ``w``: ``(*batch, n)``; output ``(*batch, n)`` or ``(n_samples, *batch, n)``, dtype of
     ``w``; no gradient.
@@ -352,6 +359,8 @@ def sample_ksubset(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0,
     Complexity: O(nk) for the tables, then ⌈log₂ n⌉ steps for all samples at once, memory
     O(n_samples·B·n·min(k, ·)) per level.
     """
+    n_samples, generator, tau = old_sampler_order("sample_ksubset", n_samples, generator,
+                                                  legacy, tau)
     if n_samples is not None:
         check_int(n_samples, "n_samples", low=1)
     with torch.no_grad():

@@ -23,8 +23,11 @@ References:
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from perturb._deprecation import legacy_keywords
 from perturb._validation import check_choice, check_int
 from perturb.structured.trees._graph_input import _detached, _prepare
 from perturb.structured.trees.matrix_tree import _column_softmax, _compute_dtype, _solve
@@ -111,8 +114,13 @@ def _sample_conditional(x, valid, nodes, root, lead, exists, generator):
     return cur
 
 
+#: the old positional order after ``generator`` (keyword-only now), with the defaults
+_AFTER_GENERATOR = ("tau", "mask", "lengths", "method")
+_DEFAULTS: dict[str, Any] = {"tau": 1.0, "mask": None, "lengths": None, "method": "auto"}
+
+
 def sample_arborescence(w: torch.Tensor, root: int = 0, n_samples: int | None = None,
-                        generator: torch.Generator | None = None,
+                        generator: torch.Generator | None = None, *legacy: Any,
                         tau: float | torch.Tensor = 1.0, mask: torch.Tensor | None = None,
                         lengths: torch.Tensor | None = None,
                         method: str = "auto") -> torch.Tensor:
@@ -128,7 +136,8 @@ def sample_arborescence(w: torch.Tensor, root: int = 0, n_samples: int | None = 
         root: the root node, an int in [0, n − 1] (negative values and None are rejected).
         n_samples: if given, a leading dim of that many independent samples.
         generator: a ``torch.Generator`` on ``w``'s device, for reproducibility.
-        tau, mask, lengths: as :func:`arborescence_marginals`.
+        tau, mask, lengths: as :func:`arborescence_marginals` (keyword-only, as for every
+            sampler; by position they work for one release with a ``FutureWarning``).
         method: ``"wilson"``, ``"conditional"`` or ``"auto"`` (Wilson's algorithm when tr G,
             computed by one batched inverse, is at most 25·n for every graph; the
             conditioning otherwise).
@@ -148,6 +157,9 @@ def sample_arborescence(w: torch.Tensor, root: int = 0, n_samples: int | None = 
         >>> T.shape
         torch.Size([100, 6, 6])
     """
+    kw = legacy_keywords("sample_arborescence", legacy, _AFTER_GENERATOR,
+                         dict(tau=tau, mask=mask, lengths=lengths, method=method), _DEFAULTS)
+    tau, mask, lengths, method = kw["tau"], kw["mask"], kw["lengths"], kw["method"]
     check_choice(method, SAMPLE_METHODS, "method")
     if n_samples is not None:
         check_int(n_samples, "n_samples", low=1)
@@ -156,7 +168,7 @@ def sample_arborescence(w: torch.Tensor, root: int = 0, n_samples: int | None = 
 
 
 def sample_spanning_tree(w: torch.Tensor, n_samples: int | None = None,
-                         generator: torch.Generator | None = None,
+                         generator: torch.Generator | None = None, *legacy: Any,
                          tau: float | torch.Tensor = 1.0, mask: torch.Tensor | None = None,
                          lengths: torch.Tensor | None = None,
                          method: str = "auto") -> torch.Tensor:
@@ -184,6 +196,9 @@ def sample_spanning_tree(w: torch.Tensor, n_samples: int | None = None,
         >>> T.shape, int(T[0].sum()) // 2
         (torch.Size([64, 100, 100]), 99)
     """
+    kw = legacy_keywords("sample_spanning_tree", legacy, _AFTER_GENERATOR,
+                         dict(tau=tau, mask=mask, lengths=lengths, method=method), _DEFAULTS)
+    tau, mask, lengths, method = kw["tau"], kw["mask"], kw["lengths"], kw["method"]
     check_choice(method, SAMPLE_METHODS, "method")
     if n_samples is not None:
         check_int(n_samples, "n_samples", low=1)

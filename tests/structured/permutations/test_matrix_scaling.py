@@ -1,4 +1,4 @@
-"""Tests of perturb/structured/permutations/sinkhorn.py: Sinkhorn, Gumbel-Sinkhorn, their backward modes.
+"""Tests of perturb/structured/permutations/matrix_scaling.py: Sinkhorn, Gumbel-Sinkhorn, their backward modes.
 
 Oracles: POT (entropic OT), brute force over the n! permutation matrices, the closed form for
 n = 2, and float64 gradcheck for both backward modes.
@@ -297,6 +297,33 @@ def test_non_convergence_warning_says_what_to_change():
     with warnings.catch_warnings():
         warnings.simplefilter("error", SinkhornConvergenceWarning)
         sinkhorn(w, tau=1.0, n_iters=500)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mass", [1e-3, 1.0 / 16, 1.0, 1e3])
+def test_no_precision_warning_when_the_rounding_floor_is_below_tol(dtype, mass):
+    """The rounding floor scales with the marginals' mass, like the error it bounds: uniform
+    marginals of any total mass and a tolerance of 1e-4 of a marginal, |M|/τ <= 10 (as POT's
+    tests use), converge silently and to that tolerance (POT's example: marginals 1/16 in
+    float64 with tol=1e-5 warned that float64 was needed)."""
+    g = torch.Generator().manual_seed(0)
+    m = torch.rand(4, 16, 16, generator=g, dtype=dtype)
+    u = torch.full((4, 16), mass / 16, dtype=dtype)
+    tol = 1e-4 * mass / 16 if dtype == torch.float32 else 1e-5 * mass
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SinkhornConvergenceWarning)
+        P = sinkhorn(-m, tau=0.1, a=u, b=u, n_iters=10000, tol=tol)
+    assert float((P.sum(-1) - u).abs().max()) <= tol
+    assert float((P.sum(-2) - u).abs().max()) <= tol
+
+
+def test_precision_warning_of_a_float64_problem_never_advises_float64():
+    """Scores of 1e9 at τ = 1e-3 (|W|/τ = 1e12) leave float64 a floor of ~1e-3: the warning
+    says so and advises a larger τ, not the dtype the call already has."""
+    w = 1e9 * _randn(2, 4, 4, seed=40, dtype=torch.float64)
+    with pytest.warns(SinkhornConvergenceWarning, match="larger tau") as caught:
+        sinkhorn(w, tau=1e-3)
+    assert not any("float64 or" in str(c.message) for c in caught)
 
 
 # ------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from perturb import BinaryEntropy, Entropy, ExpFamilyEntropy, SquaredNorm
 from perturb.structured import KSubset, relaxed_topk, topk
 from perturb.structured.subsets import dp
 from perturb.structured.subsets import ksubset_log_partition, ksubset_marginals, sample_ksubset
-from perturb.structured.subsets.topk import _capped_forward, _capped_root, _capped_vjp, _link
+from perturb.structured.subsets.ksubsets import _capped_forward, _capped_root, _capped_vjp, _link
 
 REGS = [SquaredNorm(), Entropy(), BinaryEntropy(), ExpFamilyEntropy()]
 NATIVE = {SquaredNorm: ("analytic", "implicit"), Entropy: ("analytic", "implicit"),

@@ -284,11 +284,14 @@ def _warn_if_inaccurate(error: torch.Tensor, tol_used: torch.Tensor, tol: float,
             f"own row sums, which are off by that error: for deliberately short runs use "
             f"backward='unroll'",
             SinkhornConvergenceWarning, stacklevel=3)
-    elif bool((tol_used > max(tol, 1e-4) * a.amax(-1).clamp_min(1e-30)).any()):
+    elif bool(((tol_used > tol) & (tol_used > 1e-4 * a.amax(-1))).any()):
+        # the rounding floor (it scales with the mass, like the error) raised tol, and it is
+        # coarse relative to the mass: say so; a floor below tol is no news
+        advice = ("a larger tau" if dtype == torch.float64 else "float64 or a larger tau")
         warnings.warn(
             f"sinkhorn: log_alpha/tau spans too many orders of magnitude for {dtype}: the "
             f"marginals are only accurate to about {float(tol_used.max()):.3g} (rounding of the "
-            f"exponent), not tol={tol:g}; use float64 or a larger tau",
+            f"exponent), not tol={tol:g}; use {advice}",
             SinkhornConvergenceWarning, stacklevel=3)
 
 
