@@ -56,6 +56,24 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter,
         return super()._get_help_string(action)
 
 
+def _device(text: str) -> str:
+    """``--device``: a device this machine has (argparse prints the message and exits with
+    status 2, instead of a traceback from the first allocation)."""
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device (e.g. cpu, cuda, "
+                                         f"cuda:1)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine "
+                                         f"(torch.cuda.is_available() is False); use --device "
+                                         f"cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"{text!r}: this machine has "
+                                         f"{torch.cuda.device_count()} CUDA device(s)")
+    return text
+
+
 def parser(doc: str | None, *, quick: str = "a short version (make demo)",
            out: str = "results", threads: int | None = None) -> argparse.ArgumentParser:
     """A parser with the shared flags; the script adds its own.
@@ -65,7 +83,8 @@ def parser(doc: str | None, *, quick: str = "a short version (make demo)",
     """
     p = argparse.ArgumentParser(description=doc, formatter_class=_HelpFormatter)
     p.add_argument("--seed", type=int, default=0, help="(first) random seed")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    p.add_argument("--device", default="cpu", type=_device,
+                   help="torch device, e.g. cpu or cuda")
     p.add_argument("--out", default=out, help="output directory (tables, JSON, plots)")
     p.add_argument("--quick", action="store_true", help=quick)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")

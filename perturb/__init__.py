@@ -10,10 +10,15 @@ strongly convex regularizer and τ > 0 a temperature: :func:`perturb`, :func:`ar
 package registers every solver with the registry in :mod:`perturb.structures`; the subpackages
 ``structured``, ``boxes``, ``distributions``, ``checks``, ``nn`` and ``latent`` are attributes.
 
-Module and function names never collide: ``perturb.relax`` and ``perturb.perturbed`` are the
-functions; their modules are :mod:`perturb.core` and :mod:`perturb.perturbed_optimizers`. The
-old module paths ``perturb.relax`` / ``perturb.perturbed`` still work in ``from ... import``
-statements (aliases in ``sys.modules``).
+Module and function names never collide, so every module path gives the module (``import
+perturb.boxes.volumes as V``): ``perturb.relax`` and ``perturb.perturbed`` are the functions;
+their modules are :mod:`perturb.core` and :mod:`perturb.perturbed_optimizers`; the functions
+``volume``, ``intersection``, ``sinkhorn`` and ``topk`` live in ``boxes/volumes.py``,
+``boxes/intersections.py``, ``permutations/matrix_scaling.py`` and ``subsets/ksubsets.py``.
+The old module paths ``perturb.relax`` / ``perturb.perturbed`` still work in ``from ...
+import`` statements (aliases in ``sys.modules``) for one release. The function
+:func:`perturb.perturb` is not in ``__all__``: ``from perturb import *`` keeps the name
+``perturb`` bound to the package.
 """
 import sys as _sys
 
@@ -51,11 +56,12 @@ from perturb.structures import (
 )
 from perturb import boxes, checks, nn, structured  # noqa: E402  (structured registers its solvers)
 from perturb import distributions  # noqa: E402  (after structured, which it builds on)
+from perturb import latent  # noqa: E402  (builds on all of the above)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "perturb", "argmax", "regularized_argmax", "relax",
+    "argmax", "regularized_argmax", "relax",
     "gumbel_softmax", "gaussian_softmax", "sparsemax", "softmax",
     "perturbed", "fenchel_young_loss", "PerturbedOptimizer", "perturbed_optimizer",
     "register_solver", "register_unsupported", "registered_pairs", "support_table",
@@ -65,5 +71,6 @@ __all__ = [
     "implicit_root", "finite_difference_solve", "straight_through",
     "set_validation", "validation_enabled",
 ]
-# The subpackages (structured, nn, checks, boxes, distributions) are attributes, not in __all__: a star import
-# must not rebind a user's `nn` (torch.nn).
+# The subpackages (structured, nn, checks, boxes, distributions, latent) are attributes, not in
+# __all__: a star import must not rebind a user's `nn` (torch.nn). Nor is the function `perturb`
+# (perturb.perturb): `from perturb import *` must leave the name `perturb` the package.

@@ -52,9 +52,8 @@ from typing import Any, Callable
 
 import torch
 
-from perturb._validation import _Flag, _Switch
+from perturb._validation import _Flag, _Switch, check_generator
 from perturb.noise import Gumbel, Normal
-from perturb.noise._args import _check_generator
 
 __all__ = ["set_compiled", "compiled_enabled", "relax_softmax"]
 
@@ -255,7 +254,7 @@ def relax_softmax(theta: torch.Tensor, noise: Any, tau: float | torch.Tensor, ha
     """
     if not _applies(theta, noise, tau):
         return None
-    _check_generator(generator)
+    check_generator(generator)
     gumbel = type(noise) is Gumbel
     if gumbel:
         eps = Gumbel._exponential(theta.shape, generator, theta.device, theta.dtype)

@@ -342,3 +342,28 @@ def check_int(value: int, name: str, *, low: int | None = None, high: int | None
     if high is not None and value > high:
         raise ValueError(f"{name} must be <= {high}, got {value}")
     return int(value)
+
+
+def check_device(device: object, name: str = "device") -> torch.device:
+    """``device`` as a ``torch.device``; ValueError naming the argument for anything else,
+    and for a CUDA device on a machine without CUDA (torch's own error there is an
+    AssertionError from deep inside the first allocation)."""
+    if isinstance(device, bool) or not isinstance(device, (torch.device, str, int)):
+        raise ValueError(f"{name} must be a torch.device, a string such as 'cpu' or 'cuda:0', "
+                         f"or a CUDA index, got {device!r}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as err:  # torch's message lists every device type
+        raise ValueError(f"{name}={device!r} is not a device: use 'cpu', 'cuda', 'cuda:0', "
+                         f"... or a torch.device") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}={device!r}: CUDA is not available on this machine "
+                         f"(torch.cuda.is_available() is False); use device='cpu'")
+    return dev
+
+
+def check_generator(generator: object, name: str = "generator") -> None:
+    """ValueError unless ``generator`` is None or a ``torch.Generator``."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"{name} must be a torch.Generator (or None), got "
+                         f"{type(generator).__name__}")

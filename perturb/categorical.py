@@ -38,6 +38,8 @@ References:
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from perturb import _fused, _validation
@@ -278,8 +280,13 @@ def _stochastic_softmax(logits: torch.Tensor, noise, tau, hard: bool, dim: int,
     return y if last else y.movedim(-1, d)
 
 
+#: torch.nn.functional.gumbel_softmax's default eps (deprecated in torch, ignored here).
+_TORCH_EPS = 1e-10
+
+
 def gumbel_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, hard: bool = False,
-                   dim: int = -1, generator: torch.Generator | None = None) -> torch.Tensor:
+                   dim: int = -1, generator: torch.Generator | None = None, *,
+                   eps: float = _TORCH_EPS) -> torch.Tensor:
     r"""A Gumbel-softmax (Concrete) sample: softmax((logits + G)/τ), G i.i.d. standard Gumbel.
 
     .. math:: X_\tau = \mathrm{softmax}((\theta + G)/\tau), \qquad
@@ -288,7 +295,10 @@ def gumbel_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, hard: 
 
     It is ``relax(logits, Simplex(), Gumbel(), Entropy(), tau, hard, generator=generator)`` along
     ``dim``: the same generator state gives the same sample. A drop-in for
-    ``torch.nn.functional.gumbel_softmax`` with a ``generator``.
+    ``torch.nn.functional.gumbel_softmax`` with a ``generator``: torch's ``eps`` (deprecated
+    there, with no effect) is accepted and ignored with the same warning, also in torch's
+    positional order ``gumbel_softmax(logits, tau, hard, eps, dim)`` (a float in the fourth
+    place is read as ``eps``).
 
     Args:
         logits: unnormalised log-probabilities θ.
@@ -297,6 +307,8 @@ def gumbel_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, hard: 
             that of the soft sample.
         dim: the dim holding the categories.
         generator: a ``torch.Generator`` for reproducible samples.
+        eps: ignored (torch's deprecated argument; a ``UserWarning`` when it is not 1e-10, as
+            torch warns). The Gumbel draws here are finite by construction.
 
     Shape: any, ``logits.shape[dim] = n``; output the same.
 
@@ -316,6 +328,14 @@ def gumbel_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, hard: 
     References:
         Jang et al. 2017 (arXiv:1611.01144); Maddison et al. 2017 (arXiv:1611.00712).
     """
+    if isinstance(dim, float) and 0 < dim < 1 and (generator is None or isinstance(generator, int)):
+        # torch's positional order (logits, tau, hard, eps, dim): dim holds eps
+        eps, dim = dim, (-1 if generator is None else generator)
+        generator = None
+    if eps != _TORCH_EPS:
+        warnings.warn("gumbel_softmax(): eps has no effect (torch deprecated it too; the Gumbel "
+                      "draws here are finite by construction): drop it", UserWarning,
+                      stacklevel=2)
     return _stochastic_softmax(logits, _GUMBEL, tau, hard, dim, generator)
 
 
@@ -354,6 +374,7 @@ def gaussian_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, scal
         Paulus et al., "Gradient Estimation with Stochastic Softmax Tricks", NeurIPS 2020,
         arXiv:2006.08063.
     """
-    scale = renamed("gaussian_softmax", "sigma", sigma, "scale", scale, 1.0)
+    scale = renamed("gaussian_softmax", "sigma", sigma, "scale", scale, 1.0,
+                    check_positive)
     check_positive(scale, "scale")
     return _stochastic_softmax(logits, Normal(scale), tau, hard, dim, generator)

@@ -183,7 +183,8 @@ def identify(p: torch.Tensor, noise: Any, kind: str = "softmax", tau: float = 1.
 
     Raises:
         ValueError: ``p`` not a strictly positive distribution of length >= 2, τ <= 0, a noise
-            lacking what the model needs, discrete noise with kind="argmax" (not identifiable).
+            lacking what the model needs, discrete noise with kind="argmax" (not identifiable),
+            ``init`` not a finite float tensor of ``p``'s shape.
 
     Example::
 
@@ -205,6 +206,14 @@ def identify(p: torch.Tensor, noise: Any, kind: str = "softmax", tau: float = 1.
                          f"the jumps (see check_minimality)")
     g = _gen(generator)
     d = q.shape[0]
+    if init is not None:
+        if not isinstance(init, torch.Tensor) or not init.is_floating_point() \
+                or init.shape != q.shape:
+            got = (f"shape {tuple(init.shape)}, dtype {init.dtype}"
+                   if isinstance(init, torch.Tensor) else type(init).__name__)
+            raise ValueError(f"init must be a floating tensor of shape ({d},), like p, got {got}")
+        if not bool(torch.isfinite(init).all()):
+            raise ValueError("init must be finite")
     model = _I.Model(noise, d, kind, tau, n_samples=n_samples, n_reps=n_reps, generator=g)
     theta, converged, _, _ = _I.solve_inverse(q, model, init=init, tol=tol, max_iter=max_iter)
     residual, se = _measure(theta, q, model, noise, kind, tau, n_samples, n_reps, g)

@@ -35,10 +35,10 @@ from typing import Callable
 import torch
 
 from perturb._precision import full_precision
-from perturb._validation import check_choice, check_int, check_scores, check_tau
+from perturb._validation import check_choice, check_generator, check_int, check_scores, check_tau
 from perturb.backward import BACKWARD_MODES, resolve_backward, solve_with_backward, straight_through
 from perturb.noise import Discrete, Gumbel, Logistic, Noise, Normal, Uniform
-from perturb.noise._args import _check_generator
+from perturb.noise._args import check_noise, draw
 from perturb.regularizers import Regularizer
 from perturb.structures import Simplex, SolverEntry, Structure, get_solver
 
@@ -95,13 +95,10 @@ def _perturb(theta: torch.Tensor, noise: Noise | None, n_samples: int | None,
         shape = torch.Size((n_samples, *shape))
     if type(noise) is Gumbel:
         # θ − β·log E is bitwise θ + Gumbel.sample(...) (same draws), without the negation pass
-        _check_generator(generator)
+        check_generator(generator)
         return theta - noise._log_exponential(shape, generator, theta.device, theta.dtype)
-    if not hasattr(noise, "sample"):
-        raise ValueError(f"noise must provide sample(shape, generator=, device=, dtype=), "
-                         f"got {noise!r}")
-    eps = noise.sample(shape, generator=generator, device=theta.device, dtype=theta.dtype)
-    return theta + eps
+    check_noise(noise)
+    return theta + draw(noise, shape, generator, theta.device, theta.dtype)
 
 
 def argmax(w: torch.Tensor, structure: Structure | None = None) -> torch.Tensor:

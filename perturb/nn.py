@@ -19,6 +19,7 @@ Temperature schedules map a step count to τ. Attach one to a module (``schedule
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -33,6 +34,7 @@ from perturb._validation import (
 )
 from perturb.categorical import gaussian_softmax, gumbel_softmax
 from perturb.noise import Gumbel, Noise, Normal
+from perturb.noise._args import check_noise
 from perturb.regularizers import Entropy, Regularizer
 from perturb.core import argmax, regularized_argmax, relax
 from perturb.structures import Simplex, Structure
@@ -139,7 +141,9 @@ class StochasticSoftmax(torch.nn.Module):
         structure: Z (default :class:`~perturb.structures.Simplex`).
         noise: ε (default ``Gumbel()``).
         regularizer: f (default: the structure's).
-        tau: temperature τ > 0 (float); an attribute, set it directly or through ``schedule``.
+        tau: temperature τ > 0: a float, or a tensor (a learnable ``nn.Parameter``, or one τ
+            per problem broadcasting against the batch dims), used as given, gradients
+            included; an attribute, set it directly or through ``schedule``.
         hard: straight-through in training mode.
         eval_mode: ``"regularized"`` or ``"argmax"``.
         backward: as :func:`perturb.regularized_argmax`.
@@ -167,6 +171,7 @@ class StochasticSoftmax(torch.nn.Module):
         if not isinstance(self.structure, Structure):
             raise ValueError(f"structure must be a perturb Structure, got {self.structure!r}")
         self.noise = Gumbel() if noise is None else noise
+        check_noise(self.noise)
         self.regularizer = regularizer
         if not isinstance(hard, bool):
             raise ValueError(f"hard must be a bool, got {hard!r}")
@@ -188,19 +193,47 @@ class StochasticSoftmax(torch.nn.Module):
         self.tau = schedule(0) if schedule is not None else tau
 
     @property
-    def tau(self) -> float:
-        return self._tau
+    def tau(self) -> float | torch.Tensor:
+        """τ: a float, or the tensor it was set to (e.g. a learnable ``nn.Parameter``, which
+        then gets gradients in training and evaluation mode)."""
+        given = self._tau_given()
+        return self._tau if given is None else given
 
     @tau.setter
-    def tau(self, value: float) -> None:
+    def tau(self, value: float | torch.Tensor) -> None:
         check_tau(value)
+        # a tensor that requires grad or holds one τ per problem is kept as given (float()
+        # would cut a learnable τ from the graph: a silent zero gradient); an nn.Parameter is
+        # registered as the parameter ``tau_param`` (in parameters() and the state_dict)
+        self.__dict__.pop("tau_param", None)
+        self._parameters.pop("tau_param", None)
+        if isinstance(value, torch.Tensor) and (value.requires_grad or value.ndim):
+            if isinstance(value, torch.nn.Parameter):
+                self.register_parameter("tau_param", value)
+            else:
+                self.__dict__["tau_param"] = value
+            self._tau = float(value.detach().reshape(-1)[0])
+            return
         self._tau = float(value)
         with torch.no_grad():
             self._tau_tensor.fill_(self._tau)
 
+    def _tau_given(self) -> torch.Tensor | None:
+        return self._parameters.get("tau_param", self.__dict__.get("tau_param"))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "tau":   # through the property, also for an nn.Parameter
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
     def _tau_arg(self) -> float | torch.Tensor:
-        """τ as the solvers get it: the float in eager mode (no value check of a tensor), the
-        buffer under ``torch.compile`` (no recompilation when τ changes)."""
+        """τ as the solvers get it: a tensor τ as given; else the float in eager mode (no value
+        check of a tensor), the buffer under ``torch.compile`` (no recompilation when τ
+        changes)."""
+        given = self._tau_given()
+        if given is not None:
+            return given
         return self._tau_tensor if _compiling() else self._tau
 
     def step(self) -> float:
@@ -275,7 +308,8 @@ class GaussianSoftmax(GumbelSoftmax):
     def __init__(self, tau: float = 1.0, scale: float = 1.0, hard: bool = False, dim: int = -1,
                  eval_mode: str = "regularized", schedule: TemperatureSchedule | None = None,
                  generator: torch.Generator | None = None, *, sigma: float | None = None):
-        scale = renamed("GaussianSoftmax", "sigma", sigma, "scale", scale, 1.0)
+        scale = renamed("GaussianSoftmax", "sigma", sigma, "scale", scale, 1.0,
+                        check_positive)
         check_positive(scale, "scale")
         super().__init__(tau, hard, dim, eval_mode, schedule, generator)
         self.scale = float(scale)

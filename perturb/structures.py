@@ -13,12 +13,13 @@ exponential-family entropy, which needs the #P-hard permanent) are registered wi
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 
-from perturb._validation import check_scores
+from perturb._validation import check_device, check_scores
 from perturb.backward import BACKWARD_MODES
 from perturb.regularizers import Entropy, Regularizer
 
@@ -43,6 +44,22 @@ class Structure:
 
     event_dim: int = 1
     square: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Check ``enumerate``'s ``device`` once for every subclass (ValueError naming it, not
+        torch's RuntimeError from deep inside the tensor factory)."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("enumerate")
+        if own is not None and not getattr(own, "_checks_device", False):
+            @functools.wraps(own)
+            def enumerate(self: Structure, n: int, *args: Any, device: Any = None,
+                          **kw: Any) -> torch.Tensor:
+                if device is not None:
+                    device = check_device(device)
+                return own(self, n, *args, device=device, **kw)
+
+            enumerate._checks_device = True  # type: ignore[attr-defined]
+            cls.enumerate = enumerate  # type: ignore[method-assign]
 
     def validate(self, w: torch.Tensor, name: str = "w") -> None:
         """Raise ValueError when ``w`` cannot be a score tensor for this structure."""

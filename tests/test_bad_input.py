@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import warnings
 from typing import Any, Callable, NamedTuple
 
 import networkx as nx
@@ -47,6 +48,8 @@ def _public_callables() -> dict[str, Any]:
             obj = getattr(mod, name)
             if callable(obj) and not inspect.ismodule(obj):
                 found.setdefault(name, obj)
+    # public but outside __all__ (a star import must not rebind the package name `perturb`)
+    found.setdefault("perturb", perturb.perturb)
     return found
 
 
@@ -124,6 +127,22 @@ def _argmax(u):
     return torch.nn.functional.one_hot(u.argmax(-1), u.shape[-1]).to(u.dtype)
 
 
+def _quiet(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` with the package's FutureWarnings ignored (a deprecated spelling on purpose)."""
+    def call() -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return fn()
+    return call
+
+
+class _OneShapeNoise(perturb.Noise):
+    """A user noise whose ``sample`` ignores the requested shape."""
+
+    def sample(self, shape, *, generator=None, device=None, dtype=None):
+        return torch.zeros(5, dtype=dtype)
+
+
 def _graph():
     return nx.DiGraph([(1, 0), (2, 0), (3, 1)])
 
@@ -141,6 +160,9 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("n_samples 0", lambda: perturb.perturb(V, n_samples=0), "n_samples"),
         Case("generator not a Generator", lambda: perturb.perturb(V, generator=0),
              "generator"),
+        Case("noise a class", lambda: perturb.perturb(V, perturb.Gumbel), "Gumbel\\(\\)"),
+        Case("noise ignoring the requested shape", lambda: perturb.perturb(
+            V, _OneShapeNoise()), "noise"),
     ],
     "argmax": _score_cases(perturb.argmax, "w") + [
         Case("structure not a Structure", lambda: perturb.argmax(V, "simplex"), "structure"),
@@ -167,18 +189,30 @@ CATALOGUE: dict[str, list[Case]] = {
     ],
     "gaussian_softmax": _score_cases(perturb.gaussian_softmax, "logits") + _all_masked_row(perturb.gaussian_softmax, "logits")
     + _tau_cases(lambda t: perturb.gaussian_softmax(V, t))
-    + _tau_cases(lambda s: perturb.gaussian_softmax(V, scale=s), "scale"),
+    + _tau_cases(lambda s: perturb.gaussian_softmax(V, scale=s), "scale") + [
+        Case("deprecated sigma < 0 names sigma", _quiet(
+            lambda: perturb.gaussian_softmax(V, sigma=-1.0)), "sigma"),
+    ],
     "sparsemax": _score_cases(perturb.sparsemax, "x") + _all_masked_row(perturb.sparsemax, "x") + [
         Case("dim out of range", lambda: perturb.sparsemax(V, dim=-3), "dim")],
     "softmax": _score_cases(perturb.softmax, "x") + _all_masked_row(perturb.softmax, "x")
     + _tau_cases(lambda t: perturb.softmax(V, tau=t)),
     "perturbed": _score_cases(lambda x: perturb.perturbed(_argmax, x), "theta") + [
         Case("argmax_fn not callable", lambda: perturb.perturbed(None, V), "argmax_fn"),
-        Case("argmax_fn wrong shape", lambda: perturb.perturbed(lambda u: u.sum(-1), V),
-             "argmax_fn"),
+        Case("argmax_fn dropping a leading dim", lambda: perturb.perturbed(
+            lambda u: u.sum(0), V), "argmax_fn"),
+        Case("argmax_fn returning NaN", lambda: perturb.perturbed(
+            lambda u: u * math.nan, V), "argmax_fn"),
+        Case("noise ignoring the requested shape", lambda: perturb.perturbed(
+            _argmax, V, _OneShapeNoise()), "noise"),
+        Case("noise a class", lambda: perturb.perturbed(_argmax, V, perturb.Normal),
+             "Normal\\(\\)"),
         Case("n_samples 0", lambda: perturb.perturbed(_argmax, V, n_samples=0), "n_samples"),
         Case("noise not a Noise", lambda: perturb.perturbed(_argmax, V, "gauss"), "noise"),
-    ] + _tau_cases(lambda s: perturb.perturbed(_argmax, V, perturb.Normal(s)), "scale"),
+    ] + _tau_cases(lambda s: perturb.perturbed(_argmax, V, perturb.Normal(s)), "scale") + [
+        Case("deprecated sigma < 0 names sigma", _quiet(
+            lambda: perturb.perturbed(_argmax, V, sigma=-1.0)), "sigma"),
+    ],
     "fenchel_young_loss": [
         Case("y_true wrong shape", lambda: perturb.fenchel_young_loss(_argmax, V, V[:, :2]),
              "y_true"),
@@ -218,10 +252,22 @@ CATALOGUE: dict[str, list[Case]] = {
                            TypeError)],
     "ExpFamilyEntropy": [Case("arguments", lambda: perturb.ExpFamilyEntropy(1.0), "argument",
                               TypeError)],
-    "Gumbel": _tau_cases(perturb.Gumbel, "scale"),
-    "Normal": _tau_cases(perturb.Normal, "scale"),
+    "Gumbel": _tau_cases(perturb.Gumbel, "scale") + [
+        Case("a location too (torch.distributions habit)", lambda: perturb.Gumbel(0.0, 1.0),
+             "Gumbel\\(scale=", TypeError),
+        Case("sample on a device that does not exist", lambda: perturb.Gumbel().sample(
+            (2,), device="bogus"), "device"),
+    ],
+    "Normal": _tau_cases(perturb.Normal, "scale") + [
+        Case("a location too (torch.distributions habit)", lambda: perturb.Normal(0.0, 1.0),
+             "Normal\\(scale=", TypeError),
+        Case("a non-zero loc", lambda: perturb.Normal(loc=1.0), "loc"),
+    ],
     "Gaussian": _tau_cases(perturb.Gaussian, "scale"),
-    "Logistic": _tau_cases(perturb.Logistic, "scale"),
+    "Logistic": _tau_cases(perturb.Logistic, "scale") + [
+        Case("a location too", lambda: perturb.Logistic(0.0, 1.0), "Logistic\\(scale=",
+             TypeError),
+    ],
     "Uniform": [Case("low >= high", lambda: perturb.Uniform(1.0, -1.0), "low"),
                 Case("NaN bound", lambda: perturb.Uniform(math.nan, 1.0), "low")],
     "Discrete": [
@@ -288,7 +334,10 @@ CATALOGUE: dict[str, list[Case]] = {
     ],
     "gumbel_sinkhorn": _score_cases(St.gumbel_sinkhorn, "log_alpha", matrix=True),
     "matching": _score_cases(St.matching, "w", matrix=True)[:-2],
-    "KSubset": _int_cases(St.KSubset, "k", 0),
+    "KSubset": _int_cases(St.KSubset, "k", 0) + [
+        Case("enumerate on a device that does not exist",
+             lambda: St.KSubset(2).enumerate(3, device="bogus"), "device"),
+    ],
     "topk": _score_cases(lambda w: St.topk(w, 2), "w")
     + _int_cases(lambda k: St.topk(V, k), "k", 0, 6),
     "relaxed_topk": _score_cases(lambda w: St.relaxed_topk(w, 2), "w")
@@ -391,6 +440,9 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("NaN corner", lambda: Box(LOWER + math.nan, UPPER), "lower"),
         Case("from_min_delta softplus_beta <= 0",
              lambda: Box.from_min_delta(LOWER, UPPER, softplus_beta=0.0), "softplus_beta"),
+    ] + [
+        Case("expand to an incompatible batch", lambda: BOX.expand(5, 3), "batch_shape"),
+        Case("reshape to another count", lambda: BOX.reshape(5), "batch_shape"),
     ],
     "join": _box_cases(lambda a: boxes.join(a, BOX), "a"),
     "volume": _box_cases(boxes.volume, "box") + _tau_cases(
@@ -406,16 +458,36 @@ CATALOGUE: dict[str, list[Case]] = {
     "log_gumbel_side_length": _tau_cases(
         lambda b: boxes.log_gumbel_side_length(LOWER, UPPER, b), "beta"),
     "intersection": _box_cases(lambda a: boxes.intersection(a, BOX), "a")
-    + _tau_cases(lambda b: boxes.intersection(BOX, BOX, beta=b), "beta"),
+    + _tau_cases(lambda b: boxes.intersection(BOX, BOX, beta=b), "beta") + [
+        Case("beta tensor that does not broadcast", lambda: boxes.intersection(
+            BOX, BOX, beta=torch.ones(5)), "beta"),
+    ],
     "containment_prob": _box_cases(lambda a: boxes.containment_prob(a, BOX), "a")
-    + _tau_cases(lambda b: boxes.containment_prob(BOX, BOX, beta=b), "beta"),
-    "log_containment_prob": _box_cases(lambda a: boxes.log_containment_prob(a, BOX), "a"),
-    "log1m_containment_prob": _box_cases(lambda a: boxes.log1m_containment_prob(a, BOX), "a"),
-    "overlap": _box_cases(lambda a: boxes.overlap(a, BOX), "a"),
+    + _tau_cases(lambda b: boxes.containment_prob(BOX, BOX, beta=b), "beta") + [
+        Case("beta tensor that does not broadcast", lambda: boxes.containment_prob(
+            BOX, BOX, beta=torch.ones(5)), "beta"),
+        Case("volume_beta tensor that does not broadcast", lambda: boxes.containment_prob(
+            BOX, BOX, beta=0.1, volume_beta=torch.ones(5)), "volume_beta"),
+    ],
+    "log_containment_prob": _box_cases(lambda a: boxes.log_containment_prob(a, BOX), "a") + [
+        Case("beta tensor that does not broadcast", lambda: boxes.log_containment_prob(
+            BOX, BOX, beta=torch.ones(5)), "beta"),
+    ],
+    "log1m_containment_prob": _box_cases(lambda a: boxes.log1m_containment_prob(a, BOX), "a") + [
+        Case("beta tensor that does not broadcast", lambda: boxes.log1m_containment_prob(
+            BOX, BOX, beta=torch.ones(5)), "beta"),
+    ],
+    "overlap": _box_cases(lambda a: boxes.overlap(a, BOX), "a") + [
+        Case("beta tensor that does not broadcast", lambda: boxes.overlap(
+            BOX, BOX, beta=torch.ones(5)), "beta"),
+    ],
     "BoxEmbedding": _int_cases(lambda n: boxes.BoxEmbedding(n, 3), "num_entities", 0)
     + _int_cases(lambda d: boxes.BoxEmbedding(5, d), "dim", 0) + [
         Case("unknown parameterisation", lambda: boxes.BoxEmbedding(
-            5, 3, parameterisation="corners"), "parameterisation")],
+            5, 3, parameterisation="corners"), "parameterisation")] + [
+        Case("a device that does not exist", lambda: boxes.BoxEmbedding(5, 3, device="bogus"),
+             "device"),
+    ],
     "containment_loss": _box_cases(lambda p: boxes.containment_loss(p, BOX), "parent") + [
         Case("unknown reduction", lambda: boxes.containment_loss(BOX, BOX, reduction="avg"),
              "reduction")],
@@ -429,6 +501,9 @@ CATALOGUE: dict[str, list[Case]] = {
             torch.tensor([[0, 1]]), 5, max_tries=-1), "max_tries"),
         Case("unknown corrupt", lambda: boxes.sample_negatives(
             torch.tensor([[0, 1]]), 5, corrupt="middle"), "corrupt"),
+    ] + [
+        Case("generator not a Generator", lambda: boxes.sample_negatives(
+            torch.tensor([[0, 1]]), 5, generator="x"), "generator"),
     ],
     "log1mexp": [Case("x > 0", lambda: boxes.log1mexp(torch.tensor([0.5])), "x")],
     "BoxHierarchyModel": _int_cases(lambda n: boxes.BoxHierarchyModel(n, 3), "num_nodes", 0)
@@ -446,7 +521,11 @@ CATALOGUE: dict[str, list[Case]] = {
     ],
     "evaluate": [
         Case("model not a BoxHierarchyModel", lambda: boxes.evaluate(
-            None, torch.tensor([[0, 1]]), torch.tensor([1.0])), "model")],
+            None, torch.tensor([[0, 1]]), torch.tensor([1.0])), "model")] + [
+        Case("labels a list", lambda: boxes.evaluate(
+            boxes.BoxHierarchyModel(4, 3), torch.tensor([[0, 1], [1, 2]]), [1.0, 0.0]),
+            "labels"),
+    ],
     "all_pairs_f1": [
         Case("model not a BoxHierarchyModel", lambda: boxes.all_pairs_f1(
             None, torch.tensor([[0, 1]])), "model")],
@@ -468,12 +547,21 @@ CATALOGUE: dict[str, list[Case]] = {
             torch.tensor([0.5, 0.6], dtype=F64), perturb.Gumbel()), "p"),
         Case("noise not a distribution", lambda: checks.identify(
             torch.tensor([0.5, 0.5], dtype=F64), None), "noise"),
+    ] + [
+        Case("init of the wrong length", lambda: checks.identify(
+            torch.tensor([0.5, 0.5], dtype=F64), perturb.Gumbel(), init=torch.zeros(5)),
+            "init"),
+        Case("init a list", lambda: checks.identify(
+            torch.tensor([0.5, 0.5], dtype=F64), perturb.Gumbel(), init=[0.0]), "init"),
     ],
     # nn ----------------------------------------------------------------------------------
     "StochasticSoftmax": _tau_cases(lambda t: nn.StochasticSoftmax(tau=t)) + [
         Case("unknown eval_mode", lambda: nn.StochasticSoftmax(eval_mode="x"), "eval_mode")],
     "GumbelSoftmax": _tau_cases(lambda t: nn.GumbelSoftmax(tau=t)),
-    "GaussianSoftmax": _tau_cases(lambda t: nn.GaussianSoftmax(tau=t)),
+    "GaussianSoftmax": _tau_cases(lambda t: nn.GaussianSoftmax(tau=t)) + [
+        Case("deprecated sigma 0 names sigma", _quiet(lambda: nn.GaussianSoftmax(sigma=0.0)),
+             "sigma"),
+    ],
     "ConstantSchedule": _tau_cases(lambda t: nn.ConstantSchedule(t)),
     "ExponentialSchedule": _tau_cases(lambda t: nn.ExponentialSchedule(tau0=t), "tau0"),
     "LinearSchedule": _tau_cases(lambda t: nn.LinearSchedule(tau0=t), "tau0")
@@ -486,6 +574,9 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("tau NaN", lambda: latent.IVAE(4, 2, 3, tau=math.nan), "tau"),
         Case("unknown likelihood", lambda: latent.IVAE(4, 2, 3, likelihood="poisson"),
              "likelihood"),
+    ] + [
+        Case("deprecated temperature < 0 names temperature", _quiet(
+            lambda: latent.IVAE(4, 2, 3, temperature=-1.0)), "temperature"),
     ],
     "SubsetSelector": _int_cases(lambda k: latent.SubsetSelector(5, k, 2), "k", 0, 6),
     "make_nonlinear_ica": [
@@ -493,7 +584,10 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("slope NaN", lambda: latent.make_nonlinear_ica(slope=math.nan), "slope"),
     ],
     "perturbed_binary": _score_cases(lambda x: latent.perturbed_binary(x, 0.5), "logits")[:4]
-    + [Case("tau < 0", lambda: latent.perturbed_binary(V, -1.0), "tau")],
+    + [Case("tau < 0", lambda: latent.perturbed_binary(V, -1.0), "tau")] + [
+        Case("deprecated temperature < 0 names temperature", _quiet(
+            lambda: latent.perturbed_binary(V, temperature=-1.0)), "temperature"),
+    ],
     "binarized_digits": [
         Case("test_fraction > 1", lambda: latent.binarized_digits(test_fraction=1.5),
              "test_fraction")],

@@ -660,3 +660,31 @@ def test_forward_mode_matches_reverse_mode(fn):
     rev = torch.func.vmap(torch.func.jacrev(fn))(z)
     torch.testing.assert_close(fwd, rev)
     assert float(fwd.abs().sum()) > 0  # a real Jacobian, not the zero of an unsupported mode
+
+
+def test_gumbel_softmax_is_a_drop_in_for_torchs_including_eps():
+    """Calls written for torch.nn.functional.gumbel_softmax run unchanged: ``eps=`` (deprecated
+    in torch, without effect) is accepted and ignored, with torch's warning when it is not the
+    default, also in torch's positional order (logits, tau, hard, eps, dim)."""
+    import warnings
+
+    import torch.nn.functional as F
+    logits = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
+    calls = [(lambda f: f(logits, 0.5, True, 1e-10, -1), -1),
+             (lambda f: f(logits, tau=0.5, eps=1e-10), -1),
+             (lambda f: f(logits, 0.5, False, 1e-10, 0), 0),
+             (lambda f: f(logits, 1.0, False, 1e-5), -1)]
+    for call, dim in calls:
+        with warnings.catch_warnings(record=True) as ours:
+            warnings.simplefilter("always")
+            y = call(gumbel_softmax)
+        with warnings.catch_warnings(record=True) as theirs:
+            warnings.simplefilter("always")
+            ref = call(F.gumbel_softmax)
+        assert y.shape == ref.shape
+        for out in (y, ref):                                  # both normalised along dim
+            torch.testing.assert_close(out.sum(dim), torch.ones(out.sum(dim).shape))
+        assert len(ours) == len(theirs)                       # torch's warning, or none
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gumbel_softmax(logits, 0.5, eps=1e-10)                # the default: silent, as torch

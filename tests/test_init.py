@@ -39,3 +39,56 @@ def test_old_module_paths_still_import():
     import perturb
     assert relax is perturb.relax and regularized_argmax is perturb.regularized_argmax
     assert fenchel_young_loss is perturb.fenchel_young_loss
+
+
+def test_star_import_keeps_the_package_name():
+    """`import perturb; from perturb import *` leaves `perturb` the package (the function is
+    perturb.perturb, outside __all__)."""
+    ns: dict = {}
+    exec("import perturb\nfrom perturb import *", ns)
+    assert ns["perturb"] is perturb and callable(ns["relax"])
+    assert callable(perturb.perturb) and "perturb" not in perturb.__all__
+
+
+def test_import_perturb_loads_every_subpackage():
+    import subprocess
+    import sys
+    code = ("import sys, perturb; print(all(f'perturb.{m}' in sys.modules for m in "
+            "('structured', 'boxes', 'distributions', 'checks', 'nn', 'latent')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "True"
+
+
+def test_every_module_path_gives_the_module():
+    """`import perturb.boxes.volumes as V` binds the module: no package attribute (a function
+    re-exported from a submodule) has the name of a submodule of the same package."""
+    import importlib
+    import pkgutil
+    import types
+
+    def walk(pkg: types.ModuleType) -> list[str]:
+        bad = []
+        for info in pkgutil.iter_modules(pkg.__path__):
+            mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+            if getattr(pkg, info.name, mod) is not mod:
+                bad.append(mod.__name__)
+            if info.ispkg:
+                bad += walk(mod)
+        return bad
+
+    assert walk(perturb) == []
+
+
+def test_install_hints_name_the_distribution():
+    """Every `pip install` hint names the distribution, torch-perturb: `perturb[...]` on the
+    package index installs an unrelated project."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    files = [*root.glob("perturb/**/*.py"), *root.glob("examples/*.py"), *root.glob("docs/*.md"),
+             root / "README.md"]
+    bad = [f"{f.relative_to(root)}: {m.group(0)}" for f in files
+           for m in re.finditer(r"(?<![\w.-])perturb\[\w+\]", f.read_text(encoding="utf-8"))]
+    assert bad == []

@@ -165,3 +165,36 @@ def test_repr_and_bad_arguments():
     with pytest.raises(ValueError, match="dim"):
         GumbelSoftmax(dim=3)(torch.zeros(2, 3))
     assert isinstance(StochasticSoftmax().noise, Gumbel)
+
+
+@pytest.mark.parametrize("make", [lambda: StochasticSoftmax(), lambda: GumbelSoftmax(),
+                                  lambda: GaussianSoftmax(scale=0.5),
+                                  lambda: StochasticSoftmax(regularizer=SquaredNorm())])
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_tensor_tau_gets_its_gradient_in_both_modes(make, mode):
+    """A tensor τ (a learnable temperature) is used as given, so the layer's output is
+    differentiable in it, in training and in evaluation mode (float(τ) cut it from the graph:
+    a zero gradient that gradcheck refuses)."""
+    layer = make()
+    getattr(layer, mode)()
+    x = torch.randn(3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+    def f(t):
+        layer.tau = t
+        layer.generator = torch.Generator().manual_seed(1)
+        return layer(x)
+
+    tau = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(f, (tau,))
+
+
+def test_a_parameter_tau_is_registered_trained_and_released():
+    layer = GumbelSoftmax(tau=0.3, generator=torch.Generator().manual_seed(0))
+    p = torch.nn.Parameter(torch.tensor(0.5))
+    layer.tau = p
+    assert layer.tau is p and dict(layer.named_parameters()) == {"tau_param": p}
+    assert "tau_param" in layer.state_dict()
+    (layer(torch.randn(4, 6)) * torch.arange(6.0)).sum().backward()
+    assert p.grad is not None and float(p.grad) != 0.0
+    layer.tau = 0.9                                    # back to a plain float temperature
+    assert layer.tau == 0.9 and not list(layer.parameters())

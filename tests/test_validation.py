@@ -6,7 +6,9 @@ import torch
 
 from perturb._validation import (
     check_choice,
+    check_device,
     check_dim,
+    check_generator,
     check_int,
     check_positive,
     check_scores,
@@ -290,3 +292,20 @@ def test_value_checks_are_skipped_inside_torch_func_transforms():
     bad[1, 2, 3] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
         perturb.softmax(bad)
+
+
+def test_check_generator_and_device():
+    check_generator(None)
+    check_generator(torch.Generator())
+    for bad in (0, "x", torch.zeros(1)):
+        with pytest.raises(ValueError, match="generator must be a torch.Generator"):
+            check_generator(bad)
+    assert check_device("cpu") == torch.device("cpu")
+    assert check_device(torch.device("cpu")) == torch.device("cpu")
+    for bad, says in (("bogus", "device='bogus' is not a device"), (1.5, "device must be"),
+                      (True, "device must be")):
+        with pytest.raises(ValueError, match=says):
+            check_device(bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            check_device("cuda")

@@ -42,6 +42,7 @@ from perturb._validation import check_choice, check_tau
 from perturb.distributions.constraints import StructureSupport, log_potential
 from perturb.distributions.gibbs import _resolve_validate, _sample_count, _validate_with
 from perturb.noise import Gumbel, Noise
+from perturb.noise._args import check_noise
 from perturb.regularizers import Regularizer
 from perturb.core import _FINITE_NOISES, _check_structure, _perturb, _relax
 from perturb.backward import BACKWARD_MODES
@@ -103,9 +104,7 @@ class PerturbedStructure(Distribution):
         validate = _resolve_validate(validate_args)
         _check_structure(structure)
         noise = Gumbel() if noise is None else noise
-        if not hasattr(noise, "sample"):
-            raise ValueError(f"noise must be a perturb Noise (with sample(shape, generator=, "
-                             f"device=, dtype=)), got {noise!r}")
+        check_noise(noise)
         if regularizer is not None and not isinstance(regularizer, Regularizer):
             raise ValueError(f"regularizer must be a perturb Regularizer, got {regularizer!r}")
         check_tau(tau)

@@ -1,13 +1,14 @@
 """Data for latent-variable experiments: generated, or shipped inside a package (no downloads)."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from perturb._deprecation import renamed
 from perturb._validation import check_int, check_positive, check_real, check_scores
 from perturb.noise import Logistic, Noise
+from perturb.noise._args import check_noise, draw
 
 __all__ = ["NonlinearICAData", "make_nonlinear_ica", "perturbed_binary", "binarized_digits"]
 
@@ -77,6 +78,12 @@ def make_nonlinear_ica(n_sources: int = 5, n_segments: int = 40, n_per_segment: 
     return NonlinearICAData(x, s, u, f)
 
 
+def _check_binary_tau(tau: Any, name: str) -> None:
+    """τ = 0 (the hard limit) or a finite τ > 0."""
+    if isinstance(tau, bool) or tau != 0:
+        check_positive(tau, name)
+
+
 def perturbed_binary(logits: torch.Tensor, tau: float | None = None, noise: Noise | None = None,
                      generator: torch.Generator | None = None, *,
                      temperature: float | None = None) -> torch.Tensor:
@@ -88,14 +95,15 @@ def perturbed_binary(logits: torch.Tensor, tau: float | None = None, noise: Nois
 
     Shape: ``logits`` ``(*batch)`` -> same.
     """
-    tau = renamed("perturbed_binary", "temperature", temperature, "tau", tau, None)
+    tau = renamed("perturbed_binary", "temperature", temperature, "tau", tau, None,
+                  _check_binary_tau)
     if tau is None:
         raise TypeError("perturbed_binary() missing the temperature argument 'tau'")
     check_scores(logits, "logits", min_ndim=0)
     noise = Logistic() if noise is None else noise
-    if tau != 0:
-        check_positive(tau, "tau")
-    eps = noise.sample(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
+    _check_binary_tau(tau, "tau")
+    check_noise(noise)
+    eps = draw(noise, logits.shape, generator, logits.device, logits.dtype)
     if tau == 0:
         return (logits + eps > 0).to(logits.dtype)
     return torch.sigmoid((logits + eps) / tau)
@@ -112,8 +120,9 @@ def binarized_digits(threshold: float = 0.5, generator: torch.Generator | None =
     try:
         from sklearn.datasets import load_digits
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("binarized_digits needs scikit-learn: pip install 'perturb[examples]'"
-                          ) from err
+        raise ImportError("binarized_digits needs scikit-learn: pip install "
+                          "'torch-perturb[examples]' (the distribution's name; 'perturb' on the "
+                          "index is an unrelated project), or scikit-learn itself") from err
     check_real(threshold, "threshold", low=0.0, high=1.0)
     check_real(test_fraction, "test_fraction", low=0.0, high=1.0)
     data = load_digits()

@@ -90,7 +90,8 @@ class IVAE(nn.Module):
         self.n_latent = check_int(n_latent, "n_latent", low=1)
         self.n_aux = check_int(n_aux, "n_aux", low=1)
         check_choice(likelihood, ("gaussian", "perturbed"), "likelihood")
-        tau = renamed("IVAE", "temperature", temperature, "tau", tau, 0.0)
+        tau = renamed("IVAE", "temperature", temperature, "tau", tau, 0.0,
+                      lambda v, name: check_real(v, name, low=0.0))
         check_real(tau, "tau", low=0.0)
         check_positive(obs_scale, "obs_scale")
         self.conditional_prior = conditional_prior

@@ -14,10 +14,19 @@ def _rank(x: torch.Tensor) -> torch.Tensor:
     return x.argsort(dim=0).argsort(dim=0).to(x.dtype)
 
 
+def _standardised(x: torch.Tensor) -> torch.Tensor:
+    """Columns centred after scaling by their largest |entry| (correlations do not change):
+    scores of 1e30 in float32 would overflow the sums of squares (inf / inf = NaN)."""
+    x = x / x.abs().amax(0).clamp_min(torch.finfo(x.dtype).tiny)
+    return x - x.mean(0)
+
+
 def correlation_matrix(a: torch.Tensor, b: torch.Tensor, method: str = "pearson") -> torch.Tensor:
     """Correlations C[i, j] = corr(a[:, i], b[:, j]).
 
     Shape: ``a``: ``(N, n)``, ``b``: ``(N, m)`` -> ``(n, m)``. Constant columns get correlation 0.
+    Scale-free: columns are scaled by their largest entry first, so any finite magnitude
+    works (1e30 in float32 included).
     """
     check_choice(method, ("pearson", "spearman"), "method")
     check_scores(a, "a", min_ndim=2)
@@ -27,8 +36,7 @@ def correlation_matrix(a: torch.Tensor, b: torch.Tensor, method: str = "pearson"
                          f"got shapes {tuple(a.shape)} and {tuple(b.shape)}")
     if method == "spearman":
         a, b = _rank(a), _rank(b)
-    a = a - a.mean(0)
-    b = b - b.mean(0)
+    a, b = _standardised(a), _standardised(b)
     na, nb = a.norm(dim=0), b.norm(dim=0)
     c = (a.T @ b) / (na[:, None] * nb[None, :]).clamp_min(torch.finfo(a.dtype).tiny)
     return c

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .._validation import check_value, validation_enabled
+from .._validation import check_device, check_generator, check_value, validation_enabled
 
 
 def _real(value: object, name: str) -> float:
@@ -51,12 +51,6 @@ def _check_unit(u: object) -> torch.Tensor:
     return u
 
 
-def _check_generator(generator: object) -> None:
-    """ValueError unless ``generator`` is None or a ``torch.Generator``."""
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-
-
 def _sample_args(shape: object, generator: torch.Generator | None,
                  device: torch.device | str | None,
                  dtype: torch.dtype | None) -> tuple[torch.Size, torch.device | str | None,
@@ -75,9 +69,11 @@ def _sample_args(shape: object, generator: torch.Generator | None,
         dtype = torch.get_default_dtype()
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    _check_generator(generator)
+    check_generator(generator)
     if device is None and generator is not None:
         device = generator.device
+    elif device is not None:
+        device = check_device(device)
     return torch.Size(int(s) for s in dims), device, dtype
 
 
@@ -106,3 +102,30 @@ def _zero_grad_like(value: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     if not theta.requires_grad:
         return value
     return torch.where(torch.ones_like(value, dtype=torch.bool), value, theta)
+
+
+def check_noise(noise: object, name: str = "noise") -> None:
+    """ValueError unless ``noise`` can be drawn from: a noise *instance* (anything with
+    ``sample(shape, generator=, device=, dtype=)``). A noise class, e.g. ``Gumbel`` for
+    ``Gumbel()``, gets a message saying what to pass."""
+    if isinstance(noise, type):
+        hint = f"{noise.__name__}()" if callable(getattr(noise, "sample", None)) else "Gumbel()"
+        raise ValueError(f"{name} must be a noise instance, got the class {noise.__name__}; "
+                         f"pass {name}={hint}")
+    if not callable(getattr(noise, "sample", None)):
+        raise ValueError(f"{name} must be a perturb Noise (e.g. Gumbel(), Normal(scale=0.5)) or "
+                         f"an object with sample(shape, generator=, device=, dtype=), "
+                         f"got {noise!r}")
+
+
+def draw(noise: Any, shape: torch.Size | tuple[int, ...], generator: torch.Generator | None,
+         device: torch.device | str | None, dtype: torch.dtype,
+         name: str = "noise") -> torch.Tensor:
+    """``noise.sample(shape, ...)``, checked: a tensor of exactly ``shape`` (a user noise that
+    ignores the requested shape would otherwise broadcast silently against the scores)."""
+    eps = noise.sample(shape, generator=generator, device=device, dtype=dtype)
+    if not isinstance(eps, torch.Tensor) or eps.shape != torch.Size(shape):
+        got = tuple(eps.shape) if isinstance(eps, torch.Tensor) else type(eps).__name__
+        raise ValueError(f"{name}.sample(shape) must return a tensor of the requested shape "
+                         f"{tuple(shape)}, got {got} from {noise!r}")
+    return eps

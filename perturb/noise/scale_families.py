@@ -36,7 +36,16 @@ class _ScaleNoise(Noise):
     has_closed_form = False
     has_argmax_probs = True
 
-    def __init__(self, scale: float = 1.0) -> None:
+    def __init__(self, scale: float = 1.0, *extra: object, loc: float = 0.0) -> None:
+        name = type(self).__name__
+        if extra:  # torch.distributions.Normal(loc, scale) habits: say what this one takes
+            raise TypeError(f"{name}() takes one positional argument, scale, got "
+                            f"{1 + len(extra)}: a perturbation noise has location 0 (the scores "
+                            f"θ are the location), so write {name}(scale=...) and put a "
+                            f"location into θ")
+        if isinstance(loc, bool) or not isinstance(loc, (int, float)) or loc != 0:
+            raise ValueError(f"loc must be 0 for {name} (a perturbation noise has location 0; "
+                             f"shift the scores θ instead), got {loc!r}")
         check_positive(scale if not isinstance(scale, torch.Tensor) else scale.detach(), "scale")
         self.scale = _real(scale, "scale")
 

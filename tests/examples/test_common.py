@@ -86,9 +86,10 @@ def test_session_restores_what_it_changes(common, tmp_path):
 
 
 def test_parser_has_the_shared_flags(common):
-    args = common.parser("doc", threads=1).parse_args(["--quick", "--device", "cuda"])
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    args = common.parser("doc", threads=1).parse_args(["--quick", "--device", dev])
     assert (args.quick, args.device, args.seed, args.out, args.threads, args.no_progress) == \
-        (True, "cuda", 0, "results", 1, False)
+        (True, dev, 0, "results", 1, False)
     assert not hasattr(common.parser("doc").parse_args([]), "threads")
 
 
@@ -139,3 +140,17 @@ def test_write_results(common, tmp_path):
     back = json.loads((tmp_path / "x.json").read_text())
     assert back == {"t": [1.0, 2.0], "a / 1": ["nan", 2], "p": str(tmp_path)}
     assert math.isnan(float(back["a / 1"][0]))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a CPU-only machine")
+def test_device_flag_without_cuda_is_a_usage_error(common, capsys):
+    """``--device cuda`` on a machine without CUDA (or a device name torch does not know) is an
+    argparse error naming the flag, exit status 2, not a traceback from the first allocation."""
+    p = common.parser("doc")
+    for bad, says in (("cuda", "CUDA is not available"), ("bogus", "not a torch device")):
+        with pytest.raises(SystemExit) as exit_info:
+            p.parse_args(["--device", bad])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert "--device" in err and says in err
+    assert p.parse_args(["--device", "cpu"]).device == "cpu"

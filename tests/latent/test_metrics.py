@@ -1,5 +1,7 @@
 """Tests of perturb/latent/metrics.py."""
+import numpy as np
 import pytest
+import scipy.stats
 import torch
 
 from perturb.latent.metrics import correlation_matrix, mean_corr_coef
@@ -37,3 +39,20 @@ def test_mcc_extra_latents_and_bad_input(generator):
         mean_corr_coef(z, s)
     with pytest.raises(ValueError, match="same N"):
         mean_corr_coef(s, z[:50])
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1.0, 1e30])
+@pytest.mark.parametrize("method", ["pearson", "spearman"])
+def test_correlations_are_scale_free_at_extreme_magnitudes(scale, method):
+    """Scores of magnitude 1e30 (or 1e-30) in float32 give the correlations of the unit-scale
+    data (the sums of squares overflowed: inf / inf = NaN), against numpy in float64."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(200, 3, generator=g)
+    b = torch.randn(200, 2, generator=g) + a[:, :2]
+    got = correlation_matrix(a * scale, b * scale, method)
+    if method == "pearson":
+        want = np.corrcoef(a.double().numpy().T, b.double().numpy().T)[:3, 3:]
+    else:
+        want = scipy.stats.spearmanr(a.numpy(), b.numpy()).statistic[:3, 3:]
+    assert bool(torch.isfinite(got).all())
+    np.testing.assert_allclose(got.numpy(), want, atol=1e-6)

@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perturb.noise._args import (_as_tensor, _check_generator, _check_unit, _open_uniform, _real,
-                                 _sample_args, _zero_grad_like)
+import perturb
+from perturb.noise._args import (_as_tensor, _check_unit, _open_uniform, _real, _sample_args,
+                                 _zero_grad_like, check_noise, draw)
 
 
 def test_real():
@@ -35,7 +36,29 @@ def test_sample_args():
     with pytest.raises(ValueError, match="dtype"):
         _sample_args((2,), None, None, torch.int32)
     with pytest.raises(ValueError, match="generator"):
-        _check_generator(0)
+        _sample_args((2,), 0, None, None)
+    with pytest.raises(ValueError, match="device='bogus'"):
+        _sample_args((2,), None, "bogus", None)
+
+
+def test_check_noise_and_draw():
+    """A noise instance passes; its class gets a message saying what to pass; ``draw``
+    returns exactly the requested shape or names the noise that ignored it."""
+    check_noise(perturb.Gumbel())
+    with pytest.raises(ValueError, match=r"class Gumbel; pass noise=Gumbel\(\)"):
+        check_noise(perturb.Gumbel)
+    with pytest.raises(ValueError, match="sample"):
+        check_noise("gumbel")
+    eps = draw(perturb.Normal(0.5), (3, 2), torch.Generator().manual_seed(0), "cpu",
+               torch.float64)
+    assert eps.shape == (3, 2) and eps.dtype == torch.float64
+
+    class Scalar(perturb.Noise):
+        def sample(self, shape, *, generator=None, device=None, dtype=None):
+            return torch.zeros(())
+
+    with pytest.raises(ValueError, match=r"requested shape \(3, 2\), got \(\)"):
+        draw(Scalar(), (3, 2), None, "cpu", torch.float32)
 
 
 def test_open_uniform_is_open_and_seeded():
