@@ -25,7 +25,6 @@ import math
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from perturb._math import exp_floored, log_expm1, logaddexp2, nan_to_
@@ -46,6 +45,16 @@ def _neg_gap(a: torch.Tensor, b: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """−|a − b| = min(a, b) − max(a, b) (``m`` is the max), 0 where a = b = ±∞ (instead of
     ∞ − ∞ = NaN: equal corners, also at infinity)."""
     return nan_to_(torch.minimum(a, b).sub_(m), 0.0)
+
+
+def _neg_softplus_gap(a: torch.Tensor, b: torch.Tensor, c: float) -> torch.Tensor:
+    """−β·softplus(−|a − b|/β) ∈ [−β·log 2, 0] (c = 1/β), in one buffer: softplus with the
+    negative scale −c written over |a − b| (every op but the first in place: at large sizes
+    each fresh buffer costs as much as a pass). ∞ − ∞ (equal infinite corners) reads as 0."""
+    gap = nan_to_(torch.sub(a, b).abs_(), 0.0)
+    # F.softplus(x, beta) = log1p(exp(beta·x))/beta, here with beta = −c < 0 (x ≥ 0: never
+    # above the threshold), written over its input (torch's stub does not list out=)
+    return torch._C._nn.softplus(gap, -c, 20.0, out=gap)  # type: ignore[call-arg]
 
 
 def _lse_correction(a: torch.Tensor, b: torch.Tensor, beta: float | torch.Tensor,
@@ -75,13 +84,8 @@ class _GumbelIntersection(torch.autograd.Function):
                 lo_b: torch.Tensor, hi_b: torch.Tensor, beta: float
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         c = 1.0 / beta
-        lower = torch.maximum(lo_a, lo_b)
-        lower.add_(F.softplus(_neg_gap(lo_a, lo_b, lower), beta=c))
-        upper = torch.minimum(hi_a, hi_b)
-        top = torch.maximum(hi_a, hi_b)
-        gap = nan_to_(torch.sub(upper, top, out=top), 0.0)   # −|Δ| = min − max
-        upper.sub_(F.softplus(gap, beta=c))
-        return lower, upper
+        return (torch.maximum(lo_a, lo_b).sub_(_neg_softplus_gap(lo_a, lo_b, c)),
+                torch.minimum(hi_a, hi_b).add_(_neg_softplus_gap(hi_a, hi_b, c)))
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
