@@ -696,3 +696,87 @@ def test_every_public_name_has_an_entry():
 def test_bad_input_is_refused_with_a_clear_message(name, case):
     with pytest.raises(case.exc, match=case.match):
         case.call()
+
+
+# --------------------------------------------------------------------------------------------
+# the silent cases: accepted inputs whose results were NaN, wrong or a raw error
+# --------------------------------------------------------------------------------------------
+
+class Silent(NamedTuple):
+    label: str
+    call: Callable[[], Any]                 # returns the tensors to check
+    check: Callable[[Any], bool]            # the behaviour (beyond "no NaN")
+
+
+INF = math.inf
+
+
+def _grad(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    x = x.clone().requires_grad_()
+    return torch.autograd.grad(fn(x).sum(), x)[0]
+
+
+def _box(lo: list, hi: list) -> Box:
+    return Box(torch.tensor(lo, dtype=F64), torch.tensor(hi, dtype=F64))
+
+
+def _no_warning(fn: Callable[[], Any]) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return fn()
+
+
+def _tau_grad(eval_mode: bool) -> torch.Tensor:
+    layer = nn.StochasticSoftmax(generator=torch.Generator().manual_seed(0))
+    layer.train(not eval_mode)
+    tau = torch.tensor(0.7, dtype=F64, requires_grad=True)
+    layer.tau = tau
+    return torch.autograd.grad((layer(V) * torch.arange(5.0, dtype=F64)).sum(), tau)[0]
+
+
+SILENT = [
+    Silent("volume of a half-line box is +inf", lambda: boxes.volume(
+        _box([[-INF, 0.0]], [[1.0, 1.0]]), beta=0.1, log=True), lambda v: v.item() == INF),
+    Silent("hard volume of a point box at +inf is 0", lambda: boxes.volume(
+        _box([[INF, INF]], [[INF, INF]])), lambda v: v.item() == 0.0),
+    Silent("gumbel_side_length at ±inf bounds", lambda: boxes.gumbel_side_length(
+        torch.tensor([-INF, 0.0]), torch.tensor([1.0, -INF]), 0.1),
+        lambda v: v.tolist() == [INF, 0.0]),
+    Silent("containment of unbounded boxes", lambda: boxes.containment_prob(
+        _box([[-INF]], [[INF]]), _box([[0.0]], [[INF]])), lambda v: v.item() == 1.0),
+    Silent("overlap of unbounded boxes", lambda: boxes.overlap(
+        _box([[0.0]], [[INF]]), _box([[-INF]], [[INF]])),
+        lambda v: abs(v.item() - 0.5) < 1e-12),
+    Silent("log1m containment at β = 1e-5, β_vol = 1 (was OverflowError)",
+           lambda: boxes.log1m_containment_prob(_box([[0.0]], [[1.0]]), _box([[0.2]], [[0.5]]),
+                                                1e-5, 1.0), lambda v: v.item() < -1e4),
+    Silent("Gumbel intersection inside the hard one", lambda: boxes.intersection(
+        _box([[0.1]], [[0.7]]), _box([[0.1 + 1e-17]], [[0.7 - 1e-17]]), 0.3).lower,
+        lambda v: v.item() >= 0.1),
+    Silent("relaxed_topk ExpFamilyEntropy unroll at ±1e4, τ = 1e-3", lambda: _grad(
+        lambda w: St.relaxed_topk(w, 2, tau=1e-3, regularizer=perturb.ExpFamilyEntropy(),
+                                  backward="unroll") * torch.arange(5.0, dtype=F64),
+        (2 * torch.rand(3, 5, generator=torch.Generator().manual_seed(0), dtype=F64) - 1) * 1e4),
+        lambda g: bool(torch.isfinite(g).all())),
+    Silent("StochasticSoftmax gradient in a tensor τ, eval mode", lambda: _tau_grad(True),
+           lambda g: g.item() != 0.0),
+    Silent("StochasticSoftmax gradient in a tensor τ, train mode", lambda: _tau_grad(False),
+           lambda g: g.item() != 0.0),
+    Silent("correlation_matrix of scores 1e30 in float32", lambda: latent.correlation_matrix(
+        V.float() * 1e30, V.float() * 1e30), lambda c: bool((c.diagonal() > 0.999).all())),
+    Silent("sinkhorn in float64, marginals 1/16: converged, no precision warning",
+           lambda: _no_warning(lambda: St.sinkhorn(
+               -torch.rand(4, 16, 16, generator=torch.Generator().manual_seed(0), dtype=F64),
+               tau=0.1, a=torch.full((4, 16), 1 / 16, dtype=F64),
+               b=torch.full((4, 16), 1 / 16, dtype=F64), n_iters=10000, tol=1e-5)),
+           lambda p: float((p.sum(-1) - 1 / 16).abs().max()) <= 1e-5),
+    Silent("perturbed with a scalar-valued function", lambda: perturb.perturbed(
+        lambda u: u.amax(-1), V, n_samples=4), lambda y: y.shape == V.shape[:1]),
+]
+
+
+@pytest.mark.parametrize("case", SILENT, ids=[c.label for c in SILENT])
+def test_silent_cases_give_the_right_answer(case):
+    out = case.call()
+    assert not bool(torch.isnan(out).any()), "NaN"
+    assert case.check(out)

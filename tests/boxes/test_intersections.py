@@ -573,3 +573,66 @@ def test_gumbel_intersection_inside_the_hard_one_on_many_random_pairs(dtype):
         inter = intersection(Box(lo[0], lo[2]), Box(lo[1], lo[3]), beta)
         assert bool((inter.lower >= torch.maximum(lo[0], lo[1])).all()), beta
         assert bool((inter.upper <= torch.minimum(lo[2], lo[3])).all()), beta
+
+
+# ----------------------------------------------------------------- unbounded boxes (±inf corners)
+_INF = math.inf
+_KINDS = [{}, {"beta": 0.1}, {"temperature": 0.5}, {"beta": torch.tensor(0.1, dtype=F64)},
+          {"beta": 0.05, "volume_beta": 0.3}]
+
+
+def _b(lo, hi):
+    return Box(torch.tensor(lo, dtype=F64), torch.tensor(hi, dtype=F64))
+
+
+@pytest.mark.parametrize("kw", _KINDS, ids=str)
+def test_containment_and_overlap_of_unbounded_boxes_are_their_truncation_limits(kw):
+    """∞/∞ ratios are the limit of the boxes cut to [−R, R]^d: the line contains everything,
+    the half-line [0, ∞) holds half of the line, a bounded box holds no unbounded one, and an
+    unbounded box overlaps itself fully (hard); nothing is NaN."""
+    line = _b([[-_INF, 0.0]], [[_INF, 1.0]])
+    half = _b([[0.0, 0.0]], [[_INF, 1.0]])
+    unit = _b([[0.0, 0.0]], [[1.0, 1.0]])
+    # in the second coordinate all three share [0, 1]: its ratio is that of unit intervals
+    # (1 for hard boxes, below 1 for Gumbel boxes, whose intersection shrinks)
+    own = containment_prob(_b([[0.0]], [[1.0]]), _b([[0.0]], [[1.0]]), **kw).item()
+    assert containment_prob(line, half, **kw).item() == pytest.approx(own, rel=1e-9)
+    assert containment_prob(half, line, **kw).item() == pytest.approx(0.5 * own, rel=1e-9)
+    assert containment_prob(unit, line, **kw).item() == 0.0
+    for a, b in ((line, line), (half, line), (unit, line), (line, half)):
+        for f in (containment_prob, log_containment_prob, log1m_containment_prob, overlap):
+            assert not bool(torch.isnan(f(a, b, **kw)).any()), (f.__name__, a, b)
+    if not kw:
+        assert containment_prob(line, unit).item() == 1.0
+        assert overlap(line, line).item() == pytest.approx(1.0, rel=1e-12)
+        assert overlap(line, half).item() == pytest.approx(0.5, rel=1e-12)
+        assert overlap(unit, line).item() == 0.0
+
+
+def test_unbounded_containment_has_finite_gradients_and_bounded_pairs_are_untouched():
+    """The pairs cut to the cube are recomputed on the cut boxes, so the infinite derivatives
+    of the first evaluation never reach the backward; bounded pairs in the same batch keep
+    their values to the last bit."""
+    lo_a = torch.tensor([[-_INF, 0.0], [0.0, 0.0]], dtype=F64, requires_grad=True)
+    hi_a = torch.tensor([[_INF, 1.0], [1.0, 1.0]], dtype=F64, requires_grad=True)
+    lo_b = torch.tensor([[0.0, 0.2], [0.1, 0.2]], dtype=F64, requires_grad=True)
+    hi_b = torch.tensor([[_INF, 0.7], [0.6, 0.7]], dtype=F64, requires_grad=True)
+    for kw in ({"beta": 0.1}, {"temperature": 0.5}, {}):
+        for f in (log_containment_prob, lambda a, b, **k: overlap(a, b, log=True, **k)):
+            v = f(Box(lo_a, hi_a), Box(lo_b, hi_b), **kw)
+            alone = f(Box(lo_a[1:], hi_a[1:]), Box(lo_b[1:], hi_b[1:]), **kw)
+            assert v[1].item() == alone.item()
+            g = torch.autograd.grad(v[torch.isfinite(v)].sum(), (lo_a, hi_a, lo_b, hi_b),
+                                    allow_unused=True)
+            assert all(x is None or bool(torch.isfinite(x).all()) for x in g), kw
+
+
+def test_gumbel_intersection_of_equal_infinite_corners():
+    """Equal infinite corners give that corner (∞ − ∞ is read as a zero gap), with the
+    gradient shared equally (weight 1/2), not NaN."""
+    lo = torch.tensor([-_INF, 0.0], dtype=F64, requires_grad=True)
+    hi = torch.tensor([_INF, 1.0], dtype=F64, requires_grad=True)
+    inter = intersection(Box(lo, hi), Box(lo.detach().clone(), hi.detach().clone()), beta=0.1)
+    assert inter.lower[0].item() == -_INF and inter.upper[0].item() == _INF
+    g_lo, g_hi = torch.autograd.grad((inter.lower + inter.upper).sum(), (lo, hi))
+    assert g_lo.tolist() == [0.5, 0.5] and g_hi.tolist() == [0.5, 0.5]

@@ -559,3 +559,36 @@ def test_log_softplus_gradcheck():
     from perturb.boxes.volumes import _log_softplus
     y = torch.linspace(-100, 100, 41, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(_log_softplus, (y,))
+
+
+# ----------------------------------------------------------------- unbounded boxes (±inf corners)
+_INF = math.inf
+_METHODS = [{"method": "hard"}, {"temperature": 0.5}, {"temperature": torch.tensor(0.5)},
+            {"beta": 0.1}, {"beta": torch.tensor(0.1)}, {"beta": 0.1, "approx": True}]
+
+
+@pytest.mark.parametrize("kw", _METHODS, ids=str)
+def test_unbounded_volumes_are_infinite_empty_sides_win_and_nothing_is_nan(kw):
+    """Half-lines and lines have infinite volume; a side empty at infinity makes the box empty
+    (volume 0) whatever its other sides (0·∞ read as 0); the gradient of every finite volume
+    is finite, also with respect to the infinite corners."""
+    lo = torch.tensor([[-_INF, 0.0], [0.0, 0.0], [_INF, -_INF], [-_INF, -_INF], [0.0, 0.0]],
+                      requires_grad=True)
+    hi = torch.tensor([[1.0, 1.0], [_INF, 1.0], [1.0, _INF], [_INF, _INF], [1.0, 1.0]],
+                      requires_grad=True)
+    v = volume(Box(lo, hi), log=True, **kw)
+    assert v[:2].tolist() == [_INF, _INF] and v[2].item() == -_INF and v[3].item() == _INF
+    assert math.isfinite(v[4].item())
+    g = torch.autograd.grad(v[4] + v[:4].clamp(-10, 10).sum(), (lo, hi))
+    assert all(bool(torch.isfinite(x).all()) for x in g)
+
+
+@pytest.mark.parametrize("approx", [False, True])
+def test_gumbel_side_length_at_infinite_bounds(approx):
+    """x = +∞: an infinite side; x = −∞: a zero side; both corners at one infinity: the side
+    of x = 0 (a degenerate interval, the limit of [R, R]), never NaN."""
+    lo = torch.tensor([-_INF, 0.0, _INF, 0.0, -_INF])
+    hi = torch.tensor([1.0, _INF, _INF, -_INF, -_INF])
+    side = gumbel_side_length(lo, hi, 0.1, approx=approx)
+    at_zero = gumbel_side_length(torch.zeros(1), torch.zeros(1), 0.1, approx=approx).item()
+    assert side.tolist() == pytest.approx([_INF, _INF, at_zero, 0.0, at_zero])
