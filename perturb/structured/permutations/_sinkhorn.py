@@ -258,41 +258,53 @@ def _newton_step(log_k, u, v, log_a, log_b, a_col, rv, cv) -> _State:
     return _log_block(log_k, u, v, log_a, log_b, a_col, 1, rv, cv)
 
 
-def _next_block(err, prev_err, k, tol, omega, accelerate):
+def _next_block(err, prev_err, k, tol, omega, accelerate, waited=0):
     """Over-relaxation factor and the iterations predicted to reach ``tol`` (device tensors).
 
     The observed linear rate over the last block is r = (err / prev_err)^(1/k). Locally the
     Sinkhorn map is a block Gauss–Seidel step, for which Young's SOR theory relates the rate r
     of the ω-relaxed iteration to the rate λ of plain Sinkhorn: (r + ω − 1)² = λ r ω². Each
     block re-estimates λ this way (λ = r when ω = 1) and sets ω = 2 / (1 + sqrt(1 − λ)), the
-    optimum, whose rate is ω − 1 (Thibault et al. 2017; Lehmann et al. 2021). Safeguard: where
-    the error grew over the block, ω − 1 is halved.
+    optimum, whose rate is ω − 1 (Thibault et al. 2017; Lehmann et al. 2021). Safeguards:
+    where the error grew over the block, ω − 1 is halved; and a plain block whose error fell by
+    less than 1% does not set ω (unless ``waited`` ≥ 2 rate measurements were made in the
+    stage: a stall at the rounding level needs ω): after a slow start (no progress over the
+    first iterations, r ≈ 1) ω ≈ 2 would follow, whose rate ω − 1 ≈ 1 then hides the true λ
+    for good (in the over-relaxed regime the observed rate is ω − 1 whatever λ is).
     """
     if prev_err is None:
         return omega, torch.tensor(float(k), dtype=err.dtype, device=err.device)
     with torch.no_grad():
         ratio = err / prev_err.clamp_min(torch.finfo(err.dtype).tiny)
         r = ratio.clamp(1e-12, 1.0) ** (1.0 / k)
+        rate = r
         if accelerate:
             w = torch.ones_like(r) if omega is None else omega.reshape(r.shape)
             lam = ((r + w - 1).square() / (r * w.square())).clamp(0.0, 1.0 - 1e-8)
             w_opt = 2.0 / (1.0 + torch.sqrt(1.0 - lam))
+            plain = w == 1
+            # a block that barely moved (< 1% progress: a slow start, or a stall at the
+            # rounding level) says little about λ: stay plain, unless that happened twice
+            settled = (ratio <= 0.99) | torch.full_like(plain, waited >= 2)
+            w_opt = torch.where(plain & ~settled, torch.ones_like(w_opt), w_opt)
             w_new = torch.where(ratio > 1.5, 1.0 + (w - 1) / 2, w_opt)
             omega = w_new.reshape(*r.shape, 1, 1)
             r = torch.where(ratio > 1.5, r, (w_new - 1).clamp_min(r.square()))
+            r = torch.where(w_new == 1, rate, r)
         need = torch.log(tol / err.clamp_min(1e-300)) / torch.log(r.clamp(max=1 - 1e-6))
         need = torch.where(err <= tol, 0.0, need).amax().ceil()
     return omega, need
 
 
 def _check_block(st: _State, prev_err: torch.Tensor | None, k: int, tol: torch.Tensor,
-                 omega: torch.Tensor | None, accelerate: bool
+                 omega: torch.Tensor | None, accelerate: bool,
+                 waited: int = 0
                  ) -> tuple[torch.Tensor, torch.Tensor | None, float, float, float]:
     """The block's row error (NaN read as inf) and, in one host read, whether it left the safe
     range, whether every problem converged, and the iterations predicted for the next block:
     ``(error, next ω, bad, done, need)`` (ω from :func:`_next_block`)."""
     err = torch.where(torch.isnan(st.error), float("inf"), st.error)
-    new_omega, need = _next_block(err, prev_err, k, tol, omega, accelerate)
+    new_omega, need = _next_block(err, prev_err, k, tol, omega, accelerate, waited)
     bad, done, n_need = torch.stack([st.bad.to(need.dtype), (err <= tol).all().to(need.dtype),
                                      need]).tolist()
     return err, new_omega, bad, done, n_need
@@ -397,19 +409,21 @@ def sinkhorn_iterate(log_k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
         lk = log_k if final else log_k * lam
         stage_tol = tol_t if final else torch.clamp(1e-2 * a_max, min=tol_t)
         prev_err = None
+        waited = 0           # rate measurements in this stage (Newton jumps included)
         while it < n_iters:
             k = min(block, n_iters - it)
             if use_log:
                 st = _log_block(lk, u, v, log_a, log_b, a_col, k, rv, cv)
             else:
                 st = _scaling_block(lk, u, v, a, b, k, omega, pad, safe)
-            err, new_omega, bad, done, need = _check_block(st, prev_err, k, stage_tol, omega,
-                                                           accelerate)
+            err, new_omega, bad, done, need = _check_block(
+                st, prev_err, k, stage_tol, omega, accelerate, waited)
             if bad and not use_log:  # left the safe range: redo the block in log space
                 st = _log_block(lk, u, v, log_a, log_b, a_col, k, rv, cv)
-                err, new_omega, bad, done, need = _check_block(st, prev_err, k, stage_tol,
-                                                               omega, accelerate)
+                err, new_omega, bad, done, need = _check_block(
+                    st, prev_err, k, stage_tol, omega, accelerate, waited)
             use_log = bool(bad)
+            waited += prev_err is not None
             it += k
             u, v, error = st.u, st.v, err
             if done:
