@@ -241,6 +241,12 @@ CASES = {
     "PerturbedStructure.rsample": lambda s: _grad_of(
         lambda w: perturb.distributions.PerturbedStructure(w, KSubset(2), tau=0.5).rsample(
             (3,), generator=_gen(s)), W),
+    "RelaxedPerturbedStructure.rsample": lambda s: _grad_of(
+        lambda w: perturb.distributions.RelaxedPerturbedStructure(
+            w, KSubset(2), tau=0.5).rsample((3,), generator=_gen(s)), W),
+    "RelaxedPerturbedStructure.sample": lambda s: (
+        perturb.distributions.RelaxedPerturbedStructure(W, Simplex(), perturb.Normal(),
+                                                        tau=0.5).sample((3,), generator=_gen(s)),),
     "StochasticSoftmax.__init__": _layer_case(
         lambda g: perturb.nn.StochasticSoftmax(tau=0.5, generator=g)),
     "GumbelSoftmax.__init__": _layer_case(lambda g: perturb.nn.GumbelSoftmax(0.5, generator=g)),

@@ -40,6 +40,7 @@ from torch.types import _size
 from torch.distributions import Distribution
 from torch.distributions.utils import lazy_property
 
+from perturb._deprecation import renamed
 from perturb._validation import set_validation, validation_enabled
 from perturb.distributions.constraints import StructureSupport, log_potential
 from perturb.structures import Structure
@@ -69,6 +70,16 @@ def _resolve_validate(validate_args: bool | None) -> bool:
     if not isinstance(validate_args, bool):
         raise ValueError(f"validate_args must be a bool or None, got {validate_args!r}")
     return validate_args
+
+
+def _scores_argument(fn: str, logits: torch.Tensor | None, old: str,
+                     old_value: torch.Tensor | None) -> torch.Tensor:
+    """The scores, passed as ``logits`` (the one name across the families, as in
+    ``torch.distributions``) or under their former name ``old`` (a ``FutureWarning``)."""
+    value = renamed(fn, old, old_value, "logits", logits, None)
+    if value is None:
+        raise TypeError(f"{fn}() missing the scores: pass logits=")
+    return value
 
 
 def _validate_with(structure: Structure, theta: torch.Tensor, name: str, validate: bool) -> None:
@@ -110,18 +121,18 @@ class GibbsDistribution(Distribution):
     ``(*batch, *event)``.
     """
 
-    arg_constraints = {"theta": log_potential}
+    arg_constraints = {"logits": log_potential}
     has_rsample = False
     has_enumerate_support = True
-    #: attribute name of the scores (``"logits"``, ``"log_potentials"``)
-    _param: str = "theta"
+    #: attribute name of the scores (``"logits"`` in every family)
+    _param: str = "logits"
 
-    def __init__(self, theta: torch.Tensor, structure: Structure,
+    def __init__(self, logits: torch.Tensor, structure: Structure,
                  validate_args: bool | None = None):
-        setattr(self, self._param, theta)
+        setattr(self, self._param, logits)
         self.structure = structure
         d = structure.event_dim
-        super().__init__(theta.shape[:theta.ndim - d], theta.shape[theta.ndim - d:],
+        super().__init__(logits.shape[:logits.ndim - d], logits.shape[logits.ndim - d:],
                          validate_args=validate_args)
 
     # -- hooks ---------------------------------------------------------------------------------
@@ -144,9 +155,22 @@ class GibbsDistribution(Distribution):
 
     def _score(self, z: torch.Tensor) -> torch.Tensor:
         """⟨θ, z⟩_Z for 0/1 structures or marginals z, ``(*, *event)`` -> ``(*)``."""
+        return self._score_of(self._theta, z)
+
+    def _score_of(self, theta: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """⟨θ, z⟩_Z for given scores ``theta`` (broadcasting with ``z``)."""
+        raise NotImplementedError
+
+    def _argmax_of(self, theta: torch.Tensor) -> torch.Tensor:
+        """argmax_z ⟨θ, z⟩_Z for given scores ``(*, *event)`` (``-inf`` masks entries)."""
         raise NotImplementedError
 
     # -- exact quantities ----------------------------------------------------------------------
+
+    @property
+    def log_potentials(self) -> torch.Tensor:
+        """The scores under pytorch-struct's name (the same tensor as ``logits``)."""
+        return self._theta
 
     @property
     def support(self) -> StructureSupport:
@@ -211,6 +235,73 @@ class GibbsDistribution(Distribution):
             return self.partition - self._score(self.marginals)
         wide = self._in_float64()
         return (wide.partition - wide._score(wide.marginals)).to(self._theta.dtype)
+
+    def cross_entropy(self, other: "GibbsDistribution") -> torch.Tensor:
+        """H(p, q) = −E_p[log q(z)] = A(θ_q) − ⟨θ_q, μ_p⟩_Z for ``other`` = q of the same
+        family and structure (pytorch-struct's ``cross_entropy``); +inf where q masks an entry
+        p uses. Exact, differentiable in both; computed in float64 below it (as
+        :meth:`entropy`). Shape: the broadcast batch shape.
+
+        Raises:
+            ValueError: ``other`` is not the same family over the same structure.
+        """
+        self._check_same_family(other, "other")
+        p, q = (self, other) if self._theta.dtype == torch.float64 else (
+            self._in_float64(), other._in_float64())
+        out = q.partition - q._score(p.marginals)
+        return out.to(self._theta.dtype)
+
+    def topk(self, k: int) -> torch.Tensor:
+        """The k most probable structures, best first (pytorch-struct's ``topk``), exact.
+
+        Lawler's k-best partitioning with the family's exact argmax: the best structure of a
+        subproblem (entries forced in and out) is split into one subproblem per free entry it
+        uses (that entry out, the previous ones in), and the best open subproblem is taken
+        next. Forcing is done on the scores (a large negative score out, a large positive one
+        in; a structure that breaks a constraint is infeasible and dropped), so it works for any
+        family with an exact argmax; all batch elements and all children of a step are solved
+        in one batched argmax (k steps in all). Computed in float64.
+
+        Args:
+            k: how many structures (≥ 1). Where Z has fewer than k members (tiny n, or
+                masked entries), the list is completed by repeating its last structure.
+
+        Shape: ``(k, *batch, *event)``, 0/1 in the scores' dtype; no gradient.
+
+        Raises:
+            ValueError: k < 1.
+
+        Example::
+
+            >>> from perturb.distributions import KSubsetDistribution
+            >>> d = KSubsetDistribution(torch.tensor([3.0, 2.0, 1.0, 0.0]), k=2)
+            >>> d.topk(3)
+            tensor([[1., 1., 0., 0.],
+                    [1., 0., 1., 0.],
+                    [0., 1., 1., 0.]])
+        """
+        from perturb._validation import check_int
+        k = check_int(k, "k", low=1)
+        with torch.no_grad():
+            return _lawler_topk(self, k)
+
+    def _items(self, z: torch.Tensor) -> torch.Tensor:
+        """The entries of a structure that Lawler's partition branches on, ``(*, E)`` booleans
+        over the flattened event (each edge once: subclasses override for symmetric events)."""
+        return z.flatten(-len(self.event_shape)) != 0
+
+    def _spread(self, mask: torch.Tensor) -> torch.Tensor:
+        """An entry mask over the flattened event, extended to the entries that stand for the
+        same item (the other triangle of a symmetric event)."""
+        return mask
+
+    def _check_same_family(self, other: object, name: str) -> None:
+        if type(other) is not type(self) or other.structure != self.structure \
+                or other.event_shape != self.event_shape:
+            raise ValueError(
+                f"{name} must be a {type(self).__name__} over the same structure "
+                f"({self.structure!r}, event shape {tuple(self.event_shape)}), got "
+                f"{other!r}")
 
     def _in_float64(self) -> "GibbsDistribution":
         """The same distribution with float64 scores (nothing cached carried over)."""
@@ -282,3 +373,70 @@ class GibbsDistribution(Distribution):
 
     def _repr_extra(self) -> str:
         return ""
+
+
+def _lawler_topk(d: GibbsDistribution, k: int) -> torch.Tensor:
+    """Lawler's k-best structures of ``d`` (:meth:`GibbsDistribution.topk`), batched: each step
+    takes the best open subproblem of every problem and solves its (at most m, the items of a
+    structure) children in one argmax call."""
+    theta = d._theta.detach().double()
+    event = d.event_shape
+    E = math.prod(event)
+    flat = theta.reshape(-1, E)                                        # (B, E)
+    B = flat.shape[0]
+    finite = torch.where(torch.isfinite(flat), flat.abs(), torch.zeros_like(flat))
+    big = 4.0 * (E + 1) * (finite.amax() + 1.0)   # beats any sum of free scores
+    arange = torch.arange(B, device=flat.device)
+
+    def solve(inc_: torch.Tensor, exc_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Best structure under the constraints ``(B, c, E)``, and its score (−inf when it
+        breaks one: infeasible). Out: −big (finite, so the solver still finds a structure), in:
+        +big."""
+        c = inc_.shape[1]
+        w = flat[:, None].expand(B, c, E)
+        w = torch.where(exc_, w - big, torch.where(inc_, w + big, w))
+        z = d._argmax_of(w.reshape(B, c, *event)).reshape(B, c, E).to(flat.dtype)
+        used = z != 0
+        ok = ~(used & exc_).any(-1) & ~(inc_ & ~used).any(-1)
+        sc = d._score_of(flat[:, None].expand(B, c, E).reshape(B, c, *event),
+                         z.reshape(B, c, *event))
+        return z, torch.where(ok & torch.isfinite(sc), sc, -math.inf)
+
+    none = torch.zeros(B, 1, E, dtype=torch.bool, device=flat.device)
+    z0, s0 = solve(none, none)
+    m = int(d._items(z0.reshape(B, 1, *event)).sum(-1).max())        # items per structure
+    inc = [none]
+    exc = [none]
+    sol = [z0]
+    score = [s0]
+    out: list[torch.Tensor] = []
+    for _ in range(k):
+        pool_score = torch.cat(score, 1)
+        best = pool_score.argmax(-1)                                        # (B,)
+        z = torch.cat(sol, 1)[arange, best]
+        found = torch.isfinite(pool_score[arange, best])
+        out.append(torch.where(found[:, None], z, out[-1]) if out else z)
+        i0, e0 = torch.cat(inc, 1)[arange, best], torch.cat(exc, 1)[arange, best]
+        # drop the taken subproblem
+        offsets = torch.tensor([0] + [t.shape[1] for t in score], device=flat.device).cumsum(0)
+        for chunk, start in zip(score, offsets[:-1].tolist()):
+            hit = (best >= start) & (best < start + chunk.shape[1])
+            chunk[arange[hit], best[hit] - start] = -math.inf
+        if m == 0:
+            continue
+        # children: for the j-th free item of z (in entry order): it out, the earlier ones in
+        # (none for a problem whose pool is exhausted: its z is a stale pool entry)
+        free = d._items(z.reshape(B, *event)) & ~i0 & found[:, None]       # (B, E)
+        pos = torch.argsort((~free).to(torch.int8), dim=-1, stable=True)[:, :m]   # (B, m)
+        valid = free.gather(-1, pos)                                        # (B, m)
+        item = torch.zeros(B, m, E, dtype=torch.bool, device=flat.device)
+        item.scatter_(-1, pos[..., None], valid[..., None])
+        earlier = (item.cumsum(1) - item.to(torch.long)).bool()             # items before j
+        c_inc = d._spread(i0[:, None, :] | earlier)
+        c_exc = d._spread(e0[:, None, :] | item)
+        cz, cs = solve(c_inc, c_exc)
+        inc.append(c_inc)
+        exc.append(c_exc)
+        sol.append(cz)
+        score.append(torch.where(valid, cs, -math.inf))
+    return torch.stack(out).reshape(k, *d.batch_shape, *event).to(d._theta.dtype)

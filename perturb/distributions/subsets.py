@@ -79,8 +79,11 @@ class KSubsetDistribution(GibbsDistribution):
     def _sample(self, n_samples: int | None, generator: torch.Generator | None) -> torch.Tensor:
         return sample_ksubset(self.logits, self.k, n_samples=n_samples, generator=generator)
 
-    def _score(self, z: torch.Tensor) -> torch.Tensor:
-        return _masked_score(self.logits, z, None, 1)
+    def _score_of(self, theta: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return _masked_score(theta, z, None, 1)
+
+    def _argmax_of(self, theta: torch.Tensor) -> torch.Tensor:
+        return self.structure.argmax(theta)
 
     def _repr_extra(self) -> str:
         return f"k={self.k}"

@@ -20,6 +20,7 @@ from perturb.distributions.gibbs import (
     GibbsDistribution,
     _masked_score,
     _resolve_validate,
+    _scores_argument,
     _validate_with,
 )
 from perturb.structured import (
@@ -54,9 +55,10 @@ class SpanningTreeDistribution(GibbsDistribution):
     tree; ``sample`` exact. O(n³) per graph for ``partition``/``marginals``.
 
     Args:
-        log_potentials: edge scores ``w``; only the symmetric part is used, the diagonal is
-            ignored, ``-inf`` (in either direction) forbids an edge. The allowed edges must
-            connect the graph.
+        logits: edge scores ``w`` (log-potentials; ``log_potentials=`` is the former name, with
+            a ``FutureWarning``); only the symmetric part is used, the diagonal is ignored,
+            ``-inf`` (in either direction) forbids an edge. The allowed edges must connect the
+            graph.
         validate_args: torch.distributions validation: values (no NaN or +inf) at construction,
             the support in ``log_prob``. Shapes (square, n ≥ 2) are always checked.
 
@@ -73,31 +75,43 @@ class SpanningTreeDistribution(GibbsDistribution):
         (tensor(16.), tensor(16.))
     """
 
-    arg_constraints = {"log_potentials": log_potential}
-    _param = "log_potentials"
-    log_potentials: torch.Tensor
+    arg_constraints = {"logits": log_potential}
+    logits: torch.Tensor
 
-    def __init__(self, log_potentials: torch.Tensor, validate_args: bool | None = None):
+    def __init__(self, logits: torch.Tensor | None = None, validate_args: bool | None = None,
+                 *, log_potentials: torch.Tensor | None = None):
+        logits = _scores_argument("SpanningTreeDistribution", logits, "log_potentials",
+                                  log_potentials)
         validate = _resolve_validate(validate_args)
         structure = SpanningTrees()
-        _validate_with(structure, log_potentials, "log_potentials", validate)
-        super().__init__(log_potentials, structure, validate_args=validate)
+        _validate_with(structure, logits, "logits", validate)
+        super().__init__(logits, structure, validate_args=validate)
 
     def _log_partition(self) -> torch.Tensor:
-        return spanning_tree_log_partition(self.log_potentials)
+        return spanning_tree_log_partition(self.logits)
 
     def _marginals(self) -> torch.Tensor:
-        return spanning_tree_marginals(self.log_potentials)
+        return spanning_tree_marginals(self.logits)
 
     def _argmax(self) -> torch.Tensor:
-        return max_spanning_tree(self.log_potentials)
+        return max_spanning_tree(self.logits)
 
     def _sample(self, n_samples: int | None, generator: torch.Generator | None) -> torch.Tensor:
-        return sample_spanning_tree(self.log_potentials, n_samples=n_samples, generator=generator)
+        return sample_spanning_tree(self.logits, n_samples=n_samples, generator=generator)
 
-    def _score(self, z: torch.Tensor) -> torch.Tensor:
-        w = self.log_potentials
-        return 0.5 * _masked_score(w, z, _allowed(w.shape[-1], None, w.device), 2)
+    def _score_of(self, theta: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return 0.5 * _masked_score(theta, z, _allowed(theta.shape[-1], None, theta.device), 2)
+
+    def _argmax_of(self, theta: torch.Tensor) -> torch.Tensor:
+        return max_spanning_tree(theta)
+
+    def _items(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.triu(z, diagonal=1).flatten(-2) != 0      # each edge once
+
+    def _spread(self, mask: torch.Tensor) -> torch.Tensor:
+        n = self.event_shape[-1]
+        m = mask.reshape(*mask.shape[:-1], n, n)
+        return (m | m.transpose(-1, -2)).flatten(-2)
 
 
 class ArborescenceDistribution(GibbsDistribution):
@@ -109,9 +123,10 @@ class ArborescenceDistribution(GibbsDistribution):
     parent of j.
 
     Args:
-        log_potentials: ``w[..., i, j]`` scores the edge i → j; the diagonal and the root's
-            column are ignored; ``-inf`` forbids an edge. Every node must be reachable from the
-            root along allowed edges.
+        logits: ``w[..., i, j]`` scores the edge i → j (log-potentials; ``log_potentials=`` is
+            the former name, with a ``FutureWarning``); the diagonal and the root's column are
+            ignored; ``-inf`` forbids an edge. Every node must be reachable from the root
+            along allowed edges.
         root: the root node, an int in [0, n − 1].
         validate_args: as :class:`SpanningTreeDistribution`.
 
@@ -128,34 +143,38 @@ class ArborescenceDistribution(GibbsDistribution):
         tensor(16.)
     """
 
-    arg_constraints = {"log_potentials": log_potential}
-    _param = "log_potentials"
-    log_potentials: torch.Tensor
+    arg_constraints = {"logits": log_potential}
+    logits: torch.Tensor
 
-    def __init__(self, log_potentials: torch.Tensor, root: int = 0,
-                 validate_args: bool | None = None):
+    def __init__(self, logits: torch.Tensor | None = None, root: int = 0,
+                 validate_args: bool | None = None, *,
+                 log_potentials: torch.Tensor | None = None):
+        logits = _scores_argument("ArborescenceDistribution", logits, "log_potentials",
+                                  log_potentials)
         validate = _resolve_validate(validate_args)
         structure = Arborescences(root)
-        _validate_with(structure, log_potentials, "log_potentials", validate)
+        _validate_with(structure, logits, "logits", validate)
         self.root = structure.root
-        super().__init__(log_potentials, structure, validate_args=validate)
+        super().__init__(logits, structure, validate_args=validate)
 
     def _log_partition(self) -> torch.Tensor:
-        return arborescence_log_partition(self.log_potentials, root=self.root)
+        return arborescence_log_partition(self.logits, root=self.root)
 
     def _marginals(self) -> torch.Tensor:
-        return arborescence_marginals(self.log_potentials, root=self.root)
+        return arborescence_marginals(self.logits, root=self.root)
 
     def _argmax(self) -> torch.Tensor:
-        return max_arborescence(self.log_potentials, root=self.root)
+        return max_arborescence(self.logits, root=self.root)
 
     def _sample(self, n_samples: int | None, generator: torch.Generator | None) -> torch.Tensor:
-        return sample_arborescence(self.log_potentials, root=self.root, n_samples=n_samples,
+        return sample_arborescence(self.logits, root=self.root, n_samples=n_samples,
                                    generator=generator)
 
-    def _score(self, z: torch.Tensor) -> torch.Tensor:
-        w = self.log_potentials
-        return _masked_score(w, z, _allowed(w.shape[-1], self.root, w.device), 2)
+    def _score_of(self, theta: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return _masked_score(theta, z, _allowed(theta.shape[-1], self.root, theta.device), 2)
+
+    def _argmax_of(self, theta: torch.Tensor) -> torch.Tensor:
+        return max_arborescence(theta, root=self.root)
 
     def _repr_extra(self) -> str:
         return f"root={self.root}"

@@ -14,6 +14,7 @@ import perturb
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODULES = ["perturb.distributions.constraints", "perturb.distributions.gibbs",
+           "perturb.distributions.relaxed", "perturb.distributions.kl",
            "perturb.distributions.perturbed", "perturb.distributions.subsets",
            "perturb.distributions.trees"]
 

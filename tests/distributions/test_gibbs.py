@@ -189,7 +189,7 @@ def test_same_generator_same_samples(family):
 def test_validate_args(family):
     make = FAMILIES[family][0]
     theta = _theta(family, batch=(2,))
-    name = "logits" if family == "ksubset" else "log_potentials"
+    name = "logits"
     bad = theta.clone()
     bad.view(-1)[1] = math.nan
     with pytest.raises(ValueError, match=name):
@@ -243,7 +243,7 @@ def test_repr():
     assert repr(KSubsetDistribution(torch.zeros(2, 4), 3)) == \
         "KSubsetDistribution(logits: (2, 4), k=3)"
     assert repr(ArborescenceDistribution(torch.zeros(4, 4), root=2)) == \
-        "ArborescenceDistribution(log_potentials: (4, 4), root=2)"
+        "ArborescenceDistribution(logits: (4, 4), root=2)"
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -298,3 +298,23 @@ def test_tree_property_normalised_entropy_bounds(n, directed, scale, seed):
     h = d.entropy()
     assert -1e-8 <= float(h) <= (n - 2) * math.log(n) + 1e-8
     torch.testing.assert_close(h, -(lp.exp() * lp).sum(), atol=1e-7, rtol=1e-7)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_topk_is_the_k_most_probable_structures(family):
+    """topk(k) against enumeration: distinct members of the support, best first, and their
+    log-probabilities the k largest (pytorch-struct's topk); batched; masked entries never
+    used; past |Z| the last structure repeats."""
+    d = FAMILIES[family][0](_theta(family, batch=(3,)))
+    z = d.enumerate_support()
+    lp = d.log_prob(z)
+    k = min(8, z.shape[0])
+    top = d.topk(k)
+    assert top.shape == (k, 3, *d.event_shape)
+    assert bool(d.support.check(top).all())
+    got = d.log_prob(top)
+    torch.testing.assert_close(got, lp.sort(0, descending=True).values[:k])
+    for b in range(3):
+        assert len({tuple(t.flatten().tolist()) for t in top[:, b]}) == k
+    more = d.topk(z.shape[0] + 2)
+    assert torch.equal(more[-1], more[z.shape[0] - 1])

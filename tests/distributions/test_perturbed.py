@@ -1,7 +1,8 @@
-"""PerturbedStructure: sample is the exact perturbed argmax, rsample the relaxation of
-perturb.relax on the same noise; exact log_prob/entropy/marginals where they exist (checked
-against torch.distributions.Categorical, closed forms and Monte Carlo within 5 standard errors),
-NotImplementedError elsewhere; shapes, expand, validation."""
+"""PerturbedStructure: sample and rsample are the exact perturbed argmax (rsample with the
+relaxation's straight-through gradient, perturb.relax(hard=True) on the same noise); exact
+log_prob/entropy/marginals where they exist (checked against torch.distributions.Categorical,
+closed forms and Monte Carlo within 5 standard errors), NotImplementedError elsewhere; shapes,
+expand, validation."""
 from __future__ import annotations
 
 import math
@@ -12,7 +13,7 @@ from torch.distributions import Categorical
 
 import perturb
 from perturb import Gumbel, Normal, Simplex, SquaredNorm
-from perturb.distributions import PerturbedStructure
+from perturb.distributions import PerturbedStructure, RelaxedPerturbedStructure
 from perturb.structured import Arborescences, KSubset, Permutations, SpanningTrees
 
 F64 = torch.float64
@@ -58,10 +59,9 @@ def test_normal_simplex_marginals():
     freq = d.sample((N,), generator=_gen(3)).mean(0)
     p = d.marginals
     assert bool(((freq - p).abs() <= 5 * torch.sqrt(p * (1 - p) / N) + 1.0 / N).all())
-    with pytest.raises(NotImplementedError, match="Gumbel"):
-        d.log_prob(d.mode)
-    with pytest.raises(NotImplementedError, match="Gumbel"):
-        d.entropy()
+    # log_prob and entropy of the categorical law of the argmax (a quadrature for Normal noise)
+    torch.testing.assert_close(d.log_prob(torch.eye(4, dtype=F64)), p.log())
+    torch.testing.assert_close(d.entropy(), -(p * p.log()).sum())
 
 
 def test_log_prob_and_entropy_gradients():
@@ -80,14 +80,24 @@ def test_log_prob_and_entropy_gradients():
     (Simplex(), (6,)), (KSubset(2), (6,)), (Permutations(), (4, 4)),
     (SpanningTrees(), (5, 5)), (Arborescences(1), (5, 5))])
 def test_sample_and_rsample_are_relax_on_the_same_noise(structure, event):
+    """One law: sample and rsample are the exact argmax of the same perturbed scores; rsample
+    carries the relaxation's gradient (straight-through), and the relaxed point is
+    RelaxedPerturbedStructure's sample."""
     theta = torch.randn(3, *event, dtype=F64, generator=_gen(5))
     d = PerturbedStructure(theta, structure, tau=0.5)
-    x = d.rsample((2,), generator=_gen(7))
-    ref = perturb.relax(theta, structure, tau=0.5, n_samples=2, generator=_gen(7))
-    torch.testing.assert_close(x, ref, rtol=0, atol=0)
+    t = theta.clone().requires_grad_()
+    x = PerturbedStructure(t, structure, tau=0.5).rsample((2,), generator=_gen(7))
+    t2 = theta.clone().requires_grad_()
+    hard = perturb.relax(t2, structure, tau=0.5, hard=True, n_samples=2, generator=_gen(7))
+    torch.testing.assert_close(x, hard, rtol=0, atol=0)
+    c = torch.randn(x.shape, dtype=F64, generator=_gen(8))
+    torch.testing.assert_close(torch.autograd.grad((c * x).sum(), t)[0],
+                               torch.autograd.grad((c * hard).sum(), t2)[0])
     z = d.sample((2,), generator=_gen(7))
-    hard = perturb.relax(theta, structure, tau=0.5, hard=True, n_samples=2, generator=_gen(7))
     assert torch.equal(z, hard.detach())
+    soft = RelaxedPerturbedStructure(theta, structure, tau=0.5).rsample((2,), generator=_gen(7))
+    ref = perturb.relax(theta, structure, tau=0.5, n_samples=2, generator=_gen(7))
+    torch.testing.assert_close(soft, ref, rtol=0, atol=0)
     assert z.shape == x.shape == (2, 3, *event)
     assert bool(d.support.check(z).all())
     assert torch.equal(d.mode, perturb.argmax(theta, structure))
@@ -102,8 +112,8 @@ def test_rsample_backward_modes_and_gradient():
     theta = torch.randn(2, 6, dtype=F64, generator=_gen(8), requires_grad=True)
 
     def f(t, backward):
-        d = PerturbedStructure(t, KSubset(3), tau=0.3, regularizer=SquaredNorm(),
-                               backward=backward)
+        d = RelaxedPerturbedStructure(t, KSubset(3), tau=0.3, regularizer=SquaredNorm(),
+                                      backward=backward)
         return d.rsample((2,), generator=_gen(9))
 
     assert torch.autograd.gradcheck(lambda t: f(t, "analytic"), (theta,))
@@ -117,10 +127,10 @@ def test_rsample_backward_modes_and_gradient():
 
 def test_tau_limit_and_rsample_in_hull():
     theta = torch.randn(4, 5, dtype=F64, generator=_gen(11))
-    x = PerturbedStructure(theta, Simplex(), tau=1e-3).rsample(generator=_gen(1))
+    x = RelaxedPerturbedStructure(theta, Simplex(), tau=1e-3).rsample(generator=_gen(1))
     z = PerturbedStructure(theta, Simplex(), tau=1e-3).sample(generator=_gen(1))
     torch.testing.assert_close(x, z, atol=1e-6, rtol=0)
-    y = PerturbedStructure(theta, KSubset(2), tau=1.0).rsample((3,), generator=_gen(1))
+    y = RelaxedPerturbedStructure(theta, KSubset(2), tau=1.0).rsample((3,), generator=_gen(1))
     torch.testing.assert_close(y.sum(-1), torch.full((3, 4), 2.0, dtype=F64))
     assert bool(((y >= 0) & (y <= 1)).all())
 
@@ -148,10 +158,10 @@ def test_validation():
     theta = torch.randn(3, 4, dtype=F64)
     bad = theta.clone()
     bad[0, 0] = math.nan
-    with pytest.raises(ValueError, match="theta"):
+    with pytest.raises(ValueError, match="logits"):
         PerturbedStructure(bad, Simplex())
     PerturbedStructure(bad, Simplex(), validate_args=False)          # value checks off
-    with pytest.raises(ValueError, match="theta"):                   # shapes always
+    with pytest.raises(ValueError, match="logits"):                   # shapes always
         PerturbedStructure(torch.randn(3, 4, 5), SpanningTrees(), validate_args=False)
     with pytest.raises(ValueError, match="k"):
         PerturbedStructure(theta, KSubset(5))
@@ -177,7 +187,7 @@ def test_validation():
 
 def test_repr():
     d = PerturbedStructure(torch.zeros(2, 3), KSubset(2), tau=0.5)
-    assert repr(d).startswith("PerturbedStructure(theta: (2, 3), structure=KSubset(k=2)")
+    assert repr(d).startswith("PerturbedStructure(logits: (2, 3), structure=KSubset(k=2)")
 
 
 @pytest.mark.parametrize("structure,event,scale,tau", [

@@ -92,11 +92,11 @@ def test_large_scores_stay_finite():
 def test_errors():
     S = torch.randn(2, 4, 4, dtype=F64)
     for make in (SpanningTreeDistribution, ArborescenceDistribution):
-        with pytest.raises(ValueError, match="log_potentials"):
+        with pytest.raises(ValueError, match="logits"):
             make(torch.randn(2, 4, 3, dtype=F64))
-        with pytest.raises(ValueError, match="log_potentials"):
+        with pytest.raises(ValueError, match="logits"):
             make(torch.randn(1, 1, dtype=F64))
-        with pytest.raises(ValueError, match="log_potentials"):
+        with pytest.raises(ValueError, match="logits"):
             make(S.long())
     for root in (-1, 4, 1.0, None):
         with pytest.raises(ValueError, match="root"):
