@@ -30,7 +30,8 @@ _sys.modules.setdefault("perturb.perturbed", perturbed_optimizers)
 
 from perturb._validation import set_validation, validation_enabled  # noqa: E402
 from perturb.backward import finite_difference_solve, implicit_root, straight_through
-from perturb.categorical import gaussian_softmax, gumbel_softmax, softmax, sparsemax
+from perturb.categorical import (gaussian_softmax, gumbel_softmax, softmax, sparsemax,
+                                 sparsemax_loss)
 from perturb.noise import Discrete, Gaussian, Gumbel, Logistic, Noise, Normal, Uniform
 from perturb.regularizers import (
     BinaryEntropy,
@@ -62,7 +63,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "argmax", "regularized_argmax", "relax",
-    "gumbel_softmax", "gaussian_softmax", "sparsemax", "softmax",
+    "gumbel_softmax", "gaussian_softmax", "sparsemax", "sparsemax_loss", "softmax",
     "perturbed", "fenchel_young_loss", "PerturbedOptimizer", "perturbed_optimizer",
     "register_solver", "register_unsupported", "registered_pairs", "support_table",
     "Structure", "Simplex",

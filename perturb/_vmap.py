@@ -55,3 +55,43 @@ def fold_vmap(call: Callable[..., Any], info: Any, in_dims: Sequence[int | None]
     if not isinstance(out, tuple):
         return out, 0
     return out, tuple(None if j in unbatched_outputs else 0 for j in range(len(out)))
+
+
+def fold_random_vmap(call: Callable[..., Any], info: Any, in_dims: Sequence[int | None],
+                     args: Sequence[Any], *, expand: Sequence[int], broadcast: Sequence[int] = (),
+                     generator: torch.Generator | None = None, out_dim: int = 0
+                     ) -> tuple[Any, Any]:
+    """:func:`fold_vmap` for a sampler, honouring ``vmap``'s ``randomness``.
+
+    - ``"different"``: the vmapped dim folded into the batch, as :func:`fold_vmap` (one call:
+      every problem draws its own noise);
+    - ``"same"``: every vmapped problem draws the same random numbers: one call per problem,
+      each from the same state of the generator (``generator``, else the default generator of
+      the scores' device), which is left where one call leaves it;
+    - ``"error"`` (vmap's default): the RuntimeError torch raises for its own random ops.
+
+    ``out_dim``: where the vmapped dim lands in the output (after a leading sample dim, 1).
+    """
+    randomness = getattr(info, "randomness", "error")
+    if randomness == "error":
+        raise RuntimeError("vmap: called a random operation while in randomness error mode; "
+                           "use vmap(..., randomness='different') or randomness='same'")
+    if randomness == "different":
+        out, _ = fold_vmap(call, info, in_dims, args, expand=expand, broadcast=broadcast)
+        return out, out_dim
+    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    gen = generator if generator is not None else _default_generator(device)
+    start = gen.get_state()
+    outs = []
+    for b in range(info.batch_size):
+        one = [a.select(d, b) if isinstance(a, torch.Tensor) and d is not None else a
+               for a, d in zip(args, in_dims)]
+        gen.set_state(start)
+        outs.append(call(*one))
+    return torch.stack(outs, out_dim), out_dim
+
+
+def _default_generator(device: torch.device) -> torch.Generator:
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index or 0]
+    return torch.default_generator

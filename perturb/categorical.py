@@ -46,17 +46,21 @@ from perturb import _fused, _validation
 from perturb._fused import set_compiled
 from perturb._deprecation import renamed
 from perturb._validation import (
+    check_choice,
     check_dim,
     check_positive,
     check_tau,
+    check_value,
     scale_by_tau,
+    validation_enabled,
 )
 from perturb.noise import Gumbel, Normal
 from perturb.regularizers import Entropy, ExpFamilyEntropy, Regularizer, SquaredNorm
 from perturb.core import _register_fused_relax, _regularized_argmax, _relax
 from perturb.structures import Simplex, register_solver
 
-__all__ = ["softmax", "sparsemax", "gumbel_softmax", "gaussian_softmax", "set_compiled"]
+__all__ = ["softmax", "sparsemax", "sparsemax_loss", "gumbel_softmax", "gaussian_softmax",
+           "set_compiled"]
 
 _SIMPLEX, _ENTROPY, _GUMBEL = Simplex(), Entropy(), Gumbel()  # immutable, shared
 
@@ -260,6 +264,83 @@ def sparsemax(x: torch.Tensor, dim: int = -1, tau: float | torch.Tensor = 1.0,
     _check_logits(x, "x", dim)  # checked once, under the public argument name
     return _along_dim(lambda v: _regularized_argmax(v, Simplex(), SquaredNorm(), tau, backward),
                       x, dim, "x")
+
+
+def sparsemax_loss(x: torch.Tensor, target: torch.Tensor, dim: int = -1,
+                   reduction: str = "mean", ignore_index: int = -100) -> torch.Tensor:
+    r"""The sparsemax loss (Martins & Astudillo 2016): the Fenchel–Young loss of sparsemax.
+
+    .. math:: L(z; y) = \langle z, p\rangle - \tfrac12\lVert p\rVert^2 - \langle z, y\rangle
+              + \tfrac12\lVert y\rVert^2 \;\ge 0,\qquad p = \mathrm{sparsemax}(z),
+              \qquad \nabla_z L = p - y
+
+    zero exactly when p = y. For a class index k (y = e_k) it is
+    −z_k + ⟨z, p⟩ − ½‖p‖² + ½, entmax's ``sparsemax_loss``. The gradient p − y is exact (no
+    backward through the sort).
+
+    Args:
+        x: scores z.
+        target: class indices (an integer tensor of ``x``'s shape without ``dim``), or target
+            distributions of ``x``'s shape (a floating tensor: soft labels).
+        dim: the dim holding the categories.
+        reduction: ``"mean"`` (over the non-ignored rows), ``"sum"`` or ``"none"``.
+        ignore_index: rows whose class index equals it contribute 0 (and do not count in the
+            mean), as in ``torch.nn.CrossEntropyLoss``.
+
+    Shape: ``x``: ``(*batch, n)`` (categories along ``dim``); ``target``: ``(*batch)`` integer
+    or ``(*batch, n)`` floating; output scalar, or ``(*batch)`` with ``reduction="none"``.
+
+    Raises:
+        ValueError: bad ``x`` (as :func:`sparsemax`), a target of the wrong shape or dtype, a
+            class index out of range, an unknown ``reduction``.
+
+    Example::
+
+        >>> sparsemax_loss(torch.tensor([[2.0, 0.0, -1.0]]), torch.tensor([0]))
+        tensor(0.)
+
+    References:
+        Martins & Astudillo, ICML 2016 (arXiv:1602.02068); Blondel, Martins & Niculae,
+        "Learning with Fenchel-Young Losses", JMLR 2020 (arXiv:1901.02324).
+    """
+    _check_logits(x, "x", dim)
+    check_choice(reduction, ("mean", "sum", "none"), "reduction")
+    d = check_dim(x, dim)
+    z = x.movedim(d, -1)
+    n = z.shape[-1]
+    keep = None
+    if not isinstance(target, torch.Tensor):
+        raise ValueError(f"target must be a tensor of class indices or of distributions, got "
+                         f"{type(target).__name__}")
+    if target.is_floating_point():
+        y = target.movedim(d, -1) if target.ndim == x.ndim else target
+        if y.shape != z.shape:
+            raise ValueError(f"target distributions must have x's shape {tuple(x.shape)}, got "
+                             f"{tuple(target.shape)}")
+        y = y.to(z.dtype)
+    else:
+        if target.is_complex() or target.dtype == torch.bool or target.shape != z.shape[:-1]:
+            raise ValueError(f"target must hold class indices of shape {tuple(z.shape[:-1])} "
+                             f"(x's shape without dim {dim}), got {tuple(target.shape)}, "
+                             f"dtype {target.dtype}")
+        keep = target != ignore_index
+        idx = torch.where(keep, target, torch.zeros((), dtype=target.dtype,
+                                                    device=target.device))
+        if validation_enabled() and idx.numel():
+            check_value(((idx >= 0) & (idx < n)).all(), f"target holds class indices outside "
+                        f"[0, {n}) (other than ignore_index={ignore_index})")
+        y = torch.nn.functional.one_hot(idx.long(), n).to(z.dtype)
+    with torch.no_grad():
+        p = sparsemax(z.detach())
+    per = (z * (p - y)).sum(-1) - 0.5 * p.pow(2).sum(-1) + 0.5 * y.pow(2).sum(-1)
+    if keep is not None:
+        per = torch.where(keep, per, torch.zeros((), dtype=per.dtype, device=per.device))
+    if reduction == "none":
+        return per
+    if reduction == "sum":
+        return per.sum()
+    count = per.numel() if keep is None else keep.sum()
+    return per.sum() / count
 
 
 def _stochastic_softmax(logits: torch.Tensor, noise, tau, hard: bool, dim: int,

@@ -32,17 +32,20 @@ from perturb._validation import (
     check_positive,
     check_tau,
 )
-from perturb.categorical import gaussian_softmax, gumbel_softmax
+from perturb.categorical import gaussian_softmax, gumbel_softmax, sparsemax, sparsemax_loss
 from perturb.noise import Gumbel, Noise, Normal
 from perturb.noise._args import check_noise
 from perturb.regularizers import Entropy, Regularizer
 from perturb.core import argmax, regularized_argmax, relax
 from perturb.structures import Simplex, Structure
 
-__all__ = ["StochasticSoftmax", "GumbelSoftmax", "GaussianSoftmax", "TemperatureSchedule",
-           "ConstantSchedule", "ExponentialSchedule", "LinearSchedule"]
+__all__ = ["StochasticSoftmax", "GumbelSoftmax", "GaussianSoftmax", "Sparsemax", "SparsemaxLoss",
+           "TemperatureSchedule", "ConstantSchedule", "ExponentialSchedule", "LinearSchedule"]
 
 EVAL_MODES = ("regularized", "argmax")
+
+#: Version of the extra state the layers write into their state_dict.
+_STATE_FORMAT = 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -50,11 +53,27 @@ EVAL_MODES = ("regularized", "argmax")
 # --------------------------------------------------------------------------------------------
 
 class TemperatureSchedule:
-    """Base class: ``schedule(step) -> tau`` (a float > 0) for integer steps >= 0."""
+    """Base class: ``schedule(step) -> tau`` (a float > 0) for integer steps >= 0.
+
+    A schedule is a pure function of the step: a layer's position in it is the layer's
+    ``steps``, saved with the layer (``state_dict``), as are the schedule's parameters
+    (:meth:`state`).
+    """
 
     def __call__(self, step: int) -> float:
         check_int(step, "step", low=0)
         return float(self._tau(step))
+
+    def state(self) -> dict[str, Any]:
+        """The schedule's class name and parameters (plain values)."""
+        return {"type": type(self).__name__, **vars(self)}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Adopt the parameters of :meth:`state` (ValueError for another kind of schedule)."""
+        if state.get("type") != type(self).__name__:
+            raise ValueError(f"a saved {state.get('type')} cannot be loaded into a "
+                             f"{type(self).__name__}")
+        vars(self).update({k: v for k, v in state.items() if k != "type"})
 
     def _tau(self, step: int) -> float:
         raise NotImplementedError
@@ -244,6 +263,41 @@ class StochasticSoftmax(torch.nn.Module):
         self.tau = self.schedule(self.steps)
         return self.tau
 
+    # -- checkpoints: every hyper-parameter and the schedule's position in the state_dict -----
+
+    def _hyper(self) -> dict[str, Any]:
+        """The layer's plain hyper-parameters (subclasses add theirs)."""
+        return {"hard": self.hard, "eval_mode": self.eval_mode}
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """What the state_dict records besides tensors: τ, the step count (the position in the
+        schedule), the schedule's parameters and the other hyper-parameters, as plain values
+        (``torch.load(weights_only=True)`` reads them)."""
+        return {"format": _STATE_FORMAT, "tau": self._tau, "steps": self.steps,
+                "schedule": None if self.schedule is None else self.schedule.state(),
+                **self._hyper()}
+
+    def set_extra_state(self, state: Any) -> None:
+        """Restore τ, the step count, the schedule's parameters and the hyper-parameters: a
+        layer loaded mid-schedule continues where it stopped."""
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            raise ValueError(f"not a {type(self).__name__} state (format {_STATE_FORMAT}): "
+                             f"{state!r}")
+        if state["schedule"] is not None and self.schedule is not None:
+            self.schedule.load_state(state["schedule"])
+        self.steps = int(state["steps"])
+        for key, value in state.items():
+            if key not in ("format", "tau", "steps", "schedule"):
+                setattr(self, key, value)
+        if self._tau_given() is None:        # a Parameter τ is loaded as a parameter
+            self.tau = state["tau"]
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
+                              **kwargs: Any) -> None:
+        # a state_dict saved before τ was recorded (it was empty): keep the current values
+        state_dict.setdefault(prefix + "_extra_state", self.get_extra_state())
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def forward(self, theta: torch.Tensor) -> torch.Tensor:
         if self.training:
             return relax(theta, self.structure, self.noise, self.regularizer, self._tau_arg(),
@@ -281,6 +335,9 @@ class GumbelSoftmax(StochasticSoftmax):
 
     def _sample(self, theta: torch.Tensor) -> torch.Tensor:
         return gumbel_softmax(theta, self._tau_arg(), self.hard, self.dim, self.generator)
+
+    def _hyper(self) -> dict[str, Any]:
+        return {**super()._hyper(), "dim": self.dim}
 
     def forward(self, theta: torch.Tensor) -> torch.Tensor:
         if self.training:
@@ -320,9 +377,85 @@ class GaussianSoftmax(GumbelSoftmax):
         """Deprecated name of :attr:`scale`."""
         return self.scale
 
+    def _hyper(self) -> dict[str, Any]:
+        return {**super()._hyper(), "scale": self.scale}
+
+    def set_extra_state(self, state: Any) -> None:
+        super().set_extra_state(state)
+        self.noise = Normal(self.scale)
+
     def _sample(self, theta: torch.Tensor) -> torch.Tensor:
         return gaussian_softmax(theta, self._tau_arg(), self.scale, self.hard, self.dim,
                                 self.generator)
 
     def extra_repr(self) -> str:
         return f"scale={self.scale}, " + super().extra_repr()
+
+
+class Sparsemax(torch.nn.Module):
+    """:func:`perturb.sparsemax` as a deterministic layer along ``dim``, like ``torch.nn.Softmax``
+    (entmax's ``Sparsemax``): the Euclidean projection of x/τ onto the simplex, with exact zeros.
+
+    Args:
+        dim: the dim holding the categories.
+        tau: temperature τ > 0 (saved in the state_dict with ``dim``).
+
+    Shape: any, categories along ``dim``; output the same.
+
+    Example::
+
+        >>> Sparsemax(dim=-1)(torch.tensor([1.0, 0.8, -1.0]))
+        tensor([0.6000, 0.4000, 0.0000])
+    """
+
+    def __init__(self, dim: int = -1, tau: float = 1.0):
+        super().__init__()
+        check_int(dim, "dim")
+        check_tau(tau)
+        self.dim, self.tau = dim, float(tau)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sparsemax(x, self.dim, self.tau)
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return {"format": _STATE_FORMAT, "dim": self.dim, "tau": self.tau}
+
+    def set_extra_state(self, state: Any) -> None:
+        self.dim, self.tau = int(state["dim"]), float(state["tau"])
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, tau={self.tau}"
+
+
+class SparsemaxLoss(torch.nn.Module):
+    """:func:`perturb.sparsemax_loss` as a loss module, like ``torch.nn.CrossEntropyLoss``
+    (entmax's ``SparsemaxLoss``): ``loss(x, target)`` with class indices or distributions.
+
+    Args:
+        reduction: ``"mean"`` (over the non-ignored rows), ``"sum"`` or ``"none"``.
+        ignore_index: class index whose rows contribute nothing.
+        dim: the dim holding the categories.
+
+    Shape: ``x``: ``(*batch, n)``; ``target``: ``(*batch)`` indices or ``(*batch, n)``.
+    """
+
+    def __init__(self, reduction: str = "mean", ignore_index: int = -100, dim: int = -1):
+        super().__init__()
+        check_choice(reduction, ("mean", "sum", "none"), "reduction")
+        check_int(ignore_index, "ignore_index")
+        check_int(dim, "dim")
+        self.reduction, self.ignore_index, self.dim = reduction, ignore_index, dim
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return sparsemax_loss(x, target, self.dim, self.reduction, self.ignore_index)
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return {"format": _STATE_FORMAT, "reduction": self.reduction,
+                "ignore_index": self.ignore_index, "dim": self.dim}
+
+    def set_extra_state(self, state: Any) -> None:
+        self.reduction, self.ignore_index = state["reduction"], int(state["ignore_index"])
+        self.dim = int(state["dim"])
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}, ignore_index={self.ignore_index}"

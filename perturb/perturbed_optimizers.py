@@ -392,6 +392,35 @@ class PerturbedOptimizer(torch.nn.Module):
         self.event_dim, self.batched, self.baseline = event_dim, batched, baseline
         self.generator = generator
 
+    def get_extra_state(self) -> dict[str, Any]:
+        """The hyper-parameters as plain values, saved with the state_dict (the solver itself is
+        code and is not): n_samples, event_dim, batched, baseline, the noise's kind and
+        parameters."""
+        params = getattr(self.noise, "_params", lambda: None)()
+        return {"format": 1, "n_samples": self.n_samples, "event_dim": self.event_dim,
+                "batched": self.batched, "baseline": self.baseline, "sigma": self._sigma,
+                "noise": {"type": type(self.noise).__name__,
+                          **({k: v for k, v in params.items()
+                              if isinstance(v, (int, float, bool))} if params else {})}}
+
+    def set_extra_state(self, state: Any) -> None:
+        """Restore the hyper-parameters; the noise is rebuilt from its parameters when it is of
+        the same kind as this module's (a user noise keeps its own)."""
+        if not isinstance(state, dict) or state.get("format") != 1:
+            raise ValueError(f"not a PerturbedOptimizer state: {state!r}")
+        self.n_samples, self.event_dim = int(state["n_samples"]), int(state["event_dim"])
+        self.batched, self.baseline = bool(state["batched"]), bool(state["baseline"])
+        self._sigma = float(state["sigma"])
+        noise = dict(state["noise"])
+        if noise.pop("type") == type(self.noise).__name__ and noise:
+            self.noise = type(self.noise)(**noise)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
+                              **kwargs: Any) -> None:
+        # a state_dict from before the hyper-parameters were saved (it was empty)
+        state_dict.setdefault(prefix + "_extra_state", self.get_extra_state())
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def forward(self, theta: torch.Tensor) -> torch.Tensor:
         return _perturbed(self.argmax_fn, theta, self.noise, self._sigma, self.n_samples,
                           self.generator, self.event_dim, self.batched, self.baseline)

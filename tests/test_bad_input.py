@@ -195,6 +195,19 @@ CATALOGUE: dict[str, list[Case]] = {
     ],
     "sparsemax": _score_cases(perturb.sparsemax, "x") + _all_masked_row(perturb.sparsemax, "x") + [
         Case("dim out of range", lambda: perturb.sparsemax(V, dim=-3), "dim")],
+    "sparsemax_loss": _score_cases(lambda x: perturb.sparsemax_loss(x, torch.zeros(
+        x.shape[:-1], dtype=torch.long) if isinstance(x, torch.Tensor) and x.ndim else
+        torch.zeros((), dtype=torch.long)), "x") + [
+        Case("target of the wrong shape", lambda: perturb.sparsemax_loss(
+            V, torch.zeros(2, dtype=torch.long)), "target"),
+        Case("target index out of range", lambda: perturb.sparsemax_loss(
+            V, torch.full((3,), 7)), "target"),
+        Case("target a list", lambda: perturb.sparsemax_loss(V, [0, 1, 2]), "target"),
+        Case("target distributions of another shape", lambda: perturb.sparsemax_loss(
+            V, V[:, :2]), "target"),
+        Case("unknown reduction", lambda: perturb.sparsemax_loss(
+            V, torch.zeros(3, dtype=torch.long), reduction="avg"), "reduction"),
+    ],
     "softmax": _score_cases(perturb.softmax, "x") + _all_masked_row(perturb.softmax, "x")
     + _tau_cases(lambda t: perturb.softmax(V, tau=t)),
     "perturbed": _score_cases(lambda x: perturb.perturbed(_argmax, x), "theta") + [
@@ -392,7 +405,7 @@ CATALOGUE: dict[str, list[Case]] = {
     + _int_cases(lambda r: St.sample_arborescence(S, root=r), "root", -1, 4),
     # distributions -----------------------------------------------------------------------
     "PerturbedStructure": _score_cases(
-        lambda x: distributions.PerturbedStructure(x, perturb.Simplex()), "theta")
+        lambda x: distributions.PerturbedStructure(x, perturb.Simplex()), "logits")
     + _tau_cases(lambda t: distributions.PerturbedStructure(V, perturb.Simplex(), tau=t)) + [
         Case("structure not a Structure", lambda: distributions.PerturbedStructure(
             V, "simplex"), "structure"),
@@ -410,6 +423,38 @@ CATALOGUE: dict[str, list[Case]] = {
             V, St.KSubset(2)).log_prob(St.topk(V, 2)), "Gibbs", NotImplementedError),
         Case("sample_shape negative", lambda: distributions.PerturbedStructure(
             V, perturb.Simplex()).sample((-1,)), "sample_shape"),
+        Case("both logits and the former theta", _quiet(lambda: distributions.PerturbedStructure(
+            V, perturb.Simplex(), theta=V)), "theta", TypeError),
+        Case("cross_entropy with another kind", lambda: distributions.PerturbedStructure(
+            V, perturb.Simplex()).cross_entropy(distributions.KSubsetDistribution(V, 2)),
+            "other"),
+    ],
+    "RelaxedPerturbedStructure": _score_cases(
+        lambda x: distributions.RelaxedPerturbedStructure(x, perturb.Simplex()), "logits")
+    + _tau_cases(lambda t: distributions.RelaxedPerturbedStructure(V, perturb.Simplex(), tau=t))
+    + [
+        Case("noise a class", lambda: distributions.RelaxedPerturbedStructure(
+            V, perturb.Simplex(), perturb.Normal), "Normal\\(\\)"),
+        Case("log_prob off the simplex", lambda: distributions.RelaxedPerturbedStructure(
+            V, perturb.Simplex(), validate_args=True).log_prob(torch.full((3, 5), 0.5,
+                                                                          dtype=F64)),
+             "support"),
+        Case("log_prob of a relaxed k-subset", lambda: distributions.RelaxedPerturbedStructure(
+            V, St.KSubset(2)).log_prob(torch.full((3, 5), 0.4, dtype=F64)), "closed-form",
+            NotImplementedError),
+        Case("log_prob with Logistic noise", lambda: distributions.RelaxedPerturbedStructure(
+            V, perturb.Simplex(), perturb.Logistic()).log_prob(torch.full((3, 5), 0.2,
+                                                                          dtype=F64)),
+             "integral", NotImplementedError),
+        Case("log_prob with sparsemax", lambda: distributions.RelaxedPerturbedStructure(
+            V, perturb.Simplex(), regularizer=perturb.SquaredNorm()).log_prob(
+                torch.full((3, 5), 0.2, dtype=F64)), "faces", NotImplementedError),
+        Case("KL of two Gumbel-softmax distributions", lambda: torch.distributions.kl_divergence(
+            distributions.RelaxedPerturbedStructure(V, perturb.Simplex()),
+            distributions.RelaxedPerturbedStructure(V, perturb.Simplex())), "Monte Carlo",
+            NotImplementedError),
+        Case("mean", lambda: distributions.RelaxedPerturbedStructure(
+            V, perturb.Simplex()).mean, "closed form", NotImplementedError),
     ],
     "KSubsetDistribution": _score_cases(lambda x: distributions.KSubsetDistribution(x, 2),
                                         "logits")
@@ -420,16 +465,21 @@ CATALOGUE: dict[str, list[Case]] = {
             V, 2).log_prob(St.topk(V, 3)), "support"),
         Case("rsample", lambda: distributions.KSubsetDistribution(V, 2).rsample(),
              "PerturbedStructure", NotImplementedError),
+        Case("KL against another k", lambda: torch.distributions.kl_divergence(
+            distributions.KSubsetDistribution(V, 2), distributions.KSubsetDistribution(V, 3)),
+            "same structure"),
+        Case("cross_entropy against a tree family", lambda: distributions.KSubsetDistribution(
+            V, 2).cross_entropy(distributions.SpanningTreeDistribution(S)), "other"),
     ],
     "SpanningTreeDistribution": _score_cases(distributions.SpanningTreeDistribution,
-                                             "log_potentials", matrix=True) + [
+                                             "logits", matrix=True) + [
         Case("log_prob outside the support", lambda: distributions.SpanningTreeDistribution(
             S).log_prob(torch.ones(4, 4, dtype=F64)), "support"),
         Case("disconnected graph", lambda: distributions.SpanningTreeDistribution(
             torch.full((3, 3), -math.inf, dtype=F64)).partition, "disconnected"),
     ],
     "ArborescenceDistribution": _score_cases(distributions.ArborescenceDistribution,
-                                             "log_potentials", matrix=True)
+                                             "logits", matrix=True)
     + _int_cases(lambda r: distributions.ArborescenceDistribution(S, root=r), "root", -1, 4) + [
         Case("log_prob outside the support", lambda: distributions.ArborescenceDistribution(
             S).log_prob(torch.eye(4, dtype=F64)), "support")],
@@ -558,6 +608,12 @@ CATALOGUE: dict[str, list[Case]] = {
     "StochasticSoftmax": _tau_cases(lambda t: nn.StochasticSoftmax(tau=t)) + [
         Case("unknown eval_mode", lambda: nn.StochasticSoftmax(eval_mode="x"), "eval_mode")],
     "GumbelSoftmax": _tau_cases(lambda t: nn.GumbelSoftmax(tau=t)),
+    "Sparsemax": _tau_cases(lambda t: nn.Sparsemax(tau=t)) + [
+        Case("dim not an int", lambda: nn.Sparsemax(dim=1.5), "dim")],
+    "SparsemaxLoss": [
+        Case("unknown reduction", lambda: nn.SparsemaxLoss(reduction="avg"), "reduction"),
+        Case("ignore_index not an int", lambda: nn.SparsemaxLoss(ignore_index=0.5),
+             "ignore_index")],
     "GaussianSoftmax": _tau_cases(lambda t: nn.GaussianSoftmax(tau=t)) + [
         Case("deprecated sigma 0 names sigma", _quiet(lambda: nn.GaussianSoftmax(sigma=0.0)),
              "sigma"),

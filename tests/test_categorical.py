@@ -688,3 +688,31 @@ def test_gumbel_softmax_is_a_drop_in_for_torchs_including_eps():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         gumbel_softmax(logits, 0.5, eps=1e-10)                # the default: silent, as torch
+
+
+def test_sparsemax_loss_against_its_threshold_form_and_gradients():
+    """Martins & Astudillo's form −z_k + ½ Σ_{j∈S}(z_j² − ν²) + ½ (S the support, ν the
+    threshold); the gradient p − e_k (float64 gradcheck); zero iff sparsemax(z) is the target;
+    soft targets, ignore_index and reductions as torch's CrossEntropyLoss."""
+    from perturb import sparsemax_loss
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(6, 5, dtype=torch.float64, generator=g) * 2
+    k = torch.tensor([0, 4, 2, 2, 1, 3])
+    p = sparsemax(z)
+    s = p > 0
+    nu = ((z * s).sum(-1) - 1) / s.sum(-1)                    # Σ_S (z_j − ν) = 1
+    want = -z.gather(-1, k[:, None])[:, 0] + 0.5 * ((z ** 2 - nu[:, None] ** 2) * s).sum(-1) + 0.5
+    torch.testing.assert_close(sparsemax_loss(z, k, reduction="none"), want)
+    x = z.clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: sparsemax_loss(t, k, reduction="sum"), (x,))
+    (grad,) = torch.autograd.grad(sparsemax_loss(x, k, reduction="sum"), x)
+    torch.testing.assert_close(grad, p - torch.nn.functional.one_hot(k, 5).double())
+    torch.testing.assert_close(sparsemax_loss(z, p, reduction="none"),
+                               torch.zeros(6, dtype=torch.float64), atol=1e-12, rtol=0)
+    assert bool((sparsemax_loss(z, torch.softmax(z, -1), reduction="none") >= 0).all())
+    ignored = k.clone()
+    ignored[:2] = -100
+    torch.testing.assert_close(sparsemax_loss(z, ignored), want[2:].mean())
+    torch.testing.assert_close(sparsemax_loss(z, k, reduction="sum"), want.sum())
+    # categories along dim 0
+    torch.testing.assert_close(sparsemax_loss(z.T, k, dim=0, reduction="none"), want)

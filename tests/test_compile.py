@@ -129,3 +129,27 @@ def test_compiled_tree_marginals_match_eager(fn):
     (grad_eager,) = torch.autograd.grad((eager * g).sum(), w)
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
     torch.testing.assert_close(grad_compiled, grad_eager, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("make", [lambda g: GumbelSoftmax(tau=0.5, generator=g),
+                                  lambda g: StochasticSoftmax(structured.KSubset(2), tau=0.5,
+                                                              generator=g)])
+def test_layers_compile_in_one_graph_without_a_generator_and_break_at_its_draw_with_one(make):
+    """No generator: one graph, no break. A generator cannot enter a dynamo graph: its draw
+    runs eagerly, one break per frame of the call stack (at most 3), and the compiled layer
+    gives the eager layer's values for the same generator state."""
+    layer = make(None)
+    explanation = torch._dynamo.explain(layer)(X)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    torch._dynamo.reset()
+    layer = make(torch.Generator().manual_seed(0))
+    explanation = torch._dynamo.explain(layer)(X)
+    reasons = [str(b.reason).splitlines()[0] for b in explanation.break_reasons]
+    assert explanation.graph_break_count <= 3, reasons
+    assert all("disable" in r or "skip" in r.lower() for r in reasons), reasons
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="eager")
+    layer.generator = torch.Generator().manual_seed(5)
+    got = compiled(X)
+    layer.generator = torch.Generator().manual_seed(5)
+    torch.testing.assert_close(got, layer(X))

@@ -12,6 +12,8 @@ from perturb.nn import (
     GaussianSoftmax,
     GumbelSoftmax,
     LinearSchedule,
+    Sparsemax,
+    SparsemaxLoss,
     StochasticSoftmax,
 )
 
@@ -198,3 +200,88 @@ def test_a_parameter_tau_is_registered_trained_and_released():
     assert p.grad is not None and float(p.grad) != 0.0
     layer.tau = 0.9                                    # back to a plain float temperature
     assert layer.tau == 0.9 and not list(layer.parameters())
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoints: τ, the schedule's position and every hyper-parameter travel with the state_dict
+# --------------------------------------------------------------------------------------------
+
+LAYERS = {
+    "StochasticSoftmax": lambda sched: StochasticSoftmax(
+        tau=0.6, hard=True, eval_mode="argmax", schedule=sched),
+    "GumbelSoftmax": lambda sched: GumbelSoftmax(tau=0.6, hard=True, dim=0, schedule=sched),
+    "GaussianSoftmax": lambda sched: GaussianSoftmax(tau=0.6, scale=0.3, dim=0,
+                                                     schedule=sched),
+}
+SCHEDULES = [lambda: None, lambda: ExponentialSchedule(tau0=1.0, tau_min=0.2, rate=0.05),
+             lambda: LinearSchedule(tau0=2.0, tau_min=0.3, n_steps=40),
+             lambda: ConstantSchedule(0.8)]
+
+
+def test_every_nn_layer_has_a_checkpoint_case():
+    import inspect
+
+    import perturb.nn as pnn
+    layers = {n for n in pnn.__all__ if inspect.isclass(getattr(pnn, n))
+              and issubclass(getattr(pnn, n), torch.nn.Module)}
+    assert layers == set(LAYERS) | set(DETERMINISTIC)
+
+
+DETERMINISTIC = {
+    "Sparsemax": (lambda: Sparsemax(dim=0, tau=0.5), lambda: Sparsemax(),
+                  lambda m: m(_theta(4, 5))),
+    "SparsemaxLoss": (lambda: SparsemaxLoss("sum", ignore_index=2, dim=0),
+                      lambda: SparsemaxLoss(),
+                      lambda m: m(_theta(4, 5), torch.tensor([0, 2, 1, 3, 3]))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DETERMINISTIC))
+def test_deterministic_modules_round_trip(name, tmp_path):
+    make, default, run = DETERMINISTIC[name]
+    m = make()
+    torch.save(m.state_dict(), tmp_path / "m.pt")
+    other = default()
+    other.load_state_dict(torch.load(tmp_path / "m.pt", weights_only=True))
+    assert other.get_extra_state() == m.get_extra_state()
+    torch.testing.assert_close(run(other), run(m))
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+@pytest.mark.parametrize("schedule", range(len(SCHEDULES)))
+def test_checkpoint_round_trip_mid_schedule(name, schedule, tmp_path):
+    """A layer saved after 17 steps and loaded (torch.save / torch.load(weights_only=True))
+    into a layer built with other hyper-parameters has the same τ, steps, schedule and
+    hyper-parameters, gives the same outputs, and continues the schedule where it stopped."""
+    make = LAYERS[name]
+    layer = make(SCHEDULES[schedule]())
+    if layer.schedule is not None:
+        for _ in range(17):
+            layer.step()
+    else:
+        layer.tau = 0.37
+    torch.save(layer.state_dict(), tmp_path / "layer.pt")
+    other = make({0: lambda: None, 1: lambda: ExponentialSchedule(3.0, 1.0, 0.9),
+                  2: lambda: LinearSchedule(5.0, 4.0, 3), 3: lambda: ConstantSchedule(4.0)}
+                 [schedule]())
+    other.hard, other.eval_mode = False, "regularized"
+    if hasattr(other, "dim"):
+        other.dim = -1
+    if hasattr(other, "scale"):
+        other.scale = 2.0
+    other.load_state_dict(torch.load(tmp_path / "layer.pt", weights_only=True))
+    assert other.tau == layer.tau and other.steps == layer.steps
+    assert other.get_extra_state() == layer.get_extra_state()
+    x = _theta(4, 5, seed=3)
+    for mode in ("train", "eval"):
+        getattr(layer, mode)()
+        getattr(other, mode)()
+        layer.generator = torch.Generator().manual_seed(0)
+        other.generator = torch.Generator().manual_seed(0)
+        torch.testing.assert_close(other(x), layer(x))
+    if layer.schedule is not None:
+        assert other.step() == layer.step()
+    # a state_dict from before τ was saved (empty) still loads, keeping the current values
+    fresh = make(SCHEDULES[schedule]())
+    fresh.load_state_dict({})
+    assert fresh.tau == make(SCHEDULES[schedule]()).tau

@@ -508,3 +508,18 @@ def test_solver_returning_nan_or_a_noise_ignoring_the_shape_is_refused():
     with perturb.set_validation(False):   # the value check is a validation check
         y = perturbed(lambda u: torch.full_like(u, math.nan), theta.detach())
     assert bool(torch.isnan(y).all())
+
+
+def test_module_state_dict_holds_the_hyper_parameters(tmp_path):
+    layer = PerturbedOptimizer(_one_hot_argmax, Normal(0.3), n_samples=17, baseline=False)
+    torch.save(layer.state_dict(), tmp_path / "p.pt")
+    other = PerturbedOptimizer(_one_hot_argmax, Normal(2.0), n_samples=5)
+    other.load_state_dict(torch.load(tmp_path / "p.pt", weights_only=True))
+    assert (other.n_samples, other.baseline, other.noise) == (17, False, Normal(0.3))
+    theta = torch.randn(3, 4)
+    layer.generator = torch.Generator().manual_seed(0)
+    other.generator = torch.Generator().manual_seed(0)
+    torch.testing.assert_close(other(theta), layer(theta))
+    fresh = PerturbedOptimizer(_one_hot_argmax)
+    fresh.load_state_dict({})                     # an old, empty state_dict still loads
+    assert fresh.n_samples == 100

@@ -60,3 +60,53 @@ def test_vmap_tree_marginals_with_lengths_and_mask():
     def fn(x, n):
         return structured.arborescence_marginals(x, lengths=n, mask=mask)
     torch.testing.assert_close(vmap(fn)(w, lengths), fn(w, lengths))
+
+
+# --------------------------------------------------------------------------------------------
+# the random functions under vmap: randomness="different" and "same" (and torch's error mode)
+# --------------------------------------------------------------------------------------------
+
+R = torch.randn(6, dtype=torch.float64, generator=G).expand(4, 6).contiguous()   # equal rows
+RM = torch.randn(5, 5, dtype=torch.float64, generator=G).expand(4, 5, 5).contiguous()
+R7 = torch.randn(7, dtype=torch.float64, generator=G).expand(4, 7).contiguous()
+SAMPLERS = {
+    "perturb gumbel": (lambda v: perturb.perturb(v), R),
+    "perturb normal": (lambda v: perturb.perturb(v, perturb.Normal()), R),
+    "perturb logistic": (lambda v: perturb.perturb(v, perturb.Logistic()), R),
+    "perturb uniform": (lambda v: perturb.perturb(v, perturb.Uniform()), R),
+    "perturb discrete": (lambda v: perturb.perturb(v, perturb.Discrete([-1.0, 0.0, 2.0])), R),
+    "gumbel_softmax": (lambda v: perturb.gumbel_softmax(v, tau=0.5), R),
+    "gaussian_softmax": (lambda v: perturb.gaussian_softmax(v, tau=0.5), R),
+    "relax hard": (lambda v: perturb.relax(v, tau=0.5, hard=True), R),
+    "relax ksubset": (lambda v: perturb.relax(v, structured.KSubset(2), tau=0.5), R),
+    "gumbel_sinkhorn": (lambda v: structured.gumbel_sinkhorn(v, tau=0.5), RM),
+    "perturbed": (lambda v: perturb.perturbed(perturb.Simplex().argmax, v, n_samples=5), R),
+    "sample_ksubset": (lambda v: structured.sample_ksubset(v, 2, 3), R),
+    "sample_correlated_topk": (lambda v: structured.sample_correlated_topk(v, 2, 3), R7),
+    "sample_spanning_tree": (lambda v: structured.sample_spanning_tree(v, 3), RM),
+    "sample_arborescence": (lambda v: structured.sample_arborescence(v, 1, 3), RM),
+    "PerturbedStructure.rsample": (lambda v: perturb.distributions.PerturbedStructure(
+        v, perturb.Simplex(), tau=0.5).rsample((3,)), R),
+    "KSubsetDistribution.sample": (lambda v: perturb.distributions.KSubsetDistribution(
+        v, 2).sample((3,)), R),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_samplers_vmap_with_different_and_same_randomness(name):
+    """On equal rows, randomness="same" gives equal samples and "different" does not (the
+    draws are independent), with the shapes of the batched call; vmap's default mode refuses
+    the random call, as it does for torch's own samplers."""
+    fn, x = SAMPLERS[name]
+    batched = fn(x)
+    if batched.shape[0] == 3:                 # a leading sample dim: vmap's dim comes first
+        batched = batched.movedim(1, 0)
+    for randomness in ("same", "different"):
+        torch.manual_seed(0)
+        out = vmap(fn, randomness=randomness)(x)
+        assert out.shape == batched.shape
+        rows = [out[i] for i in range(4)]
+        equal = all(torch.equal(rows[0], r) for r in rows[1:])
+        assert equal == (randomness == "same"), (name, randomness)
+    with pytest.raises(RuntimeError, match="randomness"):
+        vmap(fn)(x)

@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from .._validation import check_device, check_generator, check_value, validation_enabled
+from .._validation import (_compiling, _unreadable, check_device, check_generator, check_value,
+                           validation_enabled)
 
 
 def _real(value: object, name: str) -> float:
@@ -85,11 +86,27 @@ def _default_device() -> torch.device:
 
 
 
+@torch.compiler.disable
+def _rand_eager(shape: torch.Size, generator: torch.Generator,
+                device: torch.device | str | None, dtype: torch.dtype) -> torch.Tensor:
+    u = torch.rand(shape, generator=generator, device=device, dtype=dtype)
+    fi = torch.finfo(dtype)
+    return u.clamp_(fi.tiny, 1.0 - fi.eps / 2)
+
+
 def _open_uniform(shape: torch.Size, generator: torch.Generator | None,
                   device: torch.device | str | None, dtype: torch.dtype) -> torch.Tensor:
-    """U(0, 1) draws clamped into the open interval [tiny, 1 − eps/2] so no transform gives inf."""
+    """U(0, 1) draws clamped into the open interval [tiny, 1 − eps/2] so no transform gives inf.
+
+    Under ``torch.compile`` a ``torch.Generator`` cannot enter the graph (dynamo has no proxy
+    for it): the draw with a generator then runs eagerly, one graph break at this call (see
+    docs/core.md, "Compiling")."""
+    if generator is not None and _compiling():
+        return _rand_eager(shape, generator, device, dtype)
     u = torch.rand(shape, generator=generator, device=device, dtype=dtype)
     fi = torch.finfo(dtype)  # no cache: a cache filled on first use recompiles compiled callers
+    if _unreadable(u):                       # vmap: clamp_ has no batch rule
+        return u.clamp(fi.tiny, 1.0 - fi.eps / 2)
     return u.clamp_(fi.tiny, 1.0 - fi.eps / 2)
 
 

@@ -28,7 +28,8 @@ from typing import Any
 import torch
 
 from perturb._deprecation import legacy_keywords
-from perturb._validation import check_choice, check_int
+from perturb._validation import _unreadable, check_choice, check_int
+from perturb._vmap import fold_random_vmap
 from perturb.structured.trees._graph_input import _detached, _prepare
 from perturb.structured.trees.matrix_tree import _column_softmax, _compute_dtype, _solve
 from perturb.structured.trees._wilson import (
@@ -163,8 +164,10 @@ def sample_arborescence(w: torch.Tensor, root: int = 0, n_samples: int | None = 
     check_choice(method, SAMPLE_METHODS, "method")
     if n_samples is not None:
         check_int(n_samples, "n_samples", low=1)
-    s, valid, nodes, root = _prepare(_detached(w), tau, mask, lengths, root, False)
-    return _sample(s, valid, nodes, root, n_samples, generator, method).to(w.dtype)
+    if isinstance(w, torch.Tensor) and _unreadable(w):   # torch.func: one node (folded)
+        return _TreeSample.apply(w, tau, mask, lengths, root, n_samples, generator, method,
+                                 False)
+    return _sample_eager(w, tau, mask, lengths, root, n_samples, generator, method, False)
 
 
 def sample_spanning_tree(w: torch.Tensor, n_samples: int | None = None,
@@ -202,6 +205,44 @@ def sample_spanning_tree(w: torch.Tensor, n_samples: int | None = None,
     check_choice(method, SAMPLE_METHODS, "method")
     if n_samples is not None:
         check_int(n_samples, "n_samples", low=1)
-    s, valid, nodes, _ = _prepare(_detached(w), tau, mask, lengths, None, True)
-    A = _sample(s, valid, nodes, 0, n_samples, generator, method)
-    return (A | A.transpose(-1, -2)).to(w.dtype)
+    if isinstance(w, torch.Tensor) and _unreadable(w):
+        return _TreeSample.apply(w, tau, mask, lengths, None, n_samples, generator, method,
+                                 True)
+    return _sample_eager(w, tau, mask, lengths, None, n_samples, generator, method, True)
+
+
+def _sample_eager(w: torch.Tensor, tau: Any, mask: Any, lengths: Any, root: int | None,
+                  n_samples: int | None, generator: torch.Generator | None, method: str,
+                  undirected: bool) -> torch.Tensor:
+    """The samplers on plain tensors (arguments checked but for their values): an
+    arborescence rooted at ``root``, or (``undirected``) a spanning tree."""
+    s, valid, nodes, root = _prepare(_detached(w), tau, mask, lengths, root, undirected)
+    A = _sample(s, valid, nodes, 0 if undirected else root, n_samples, generator, method)
+    return (A | A.transpose(-1, -2) if undirected else A).to(w.dtype)
+
+
+class _TreeSample(torch.autograd.Function):
+    """The tree samplers as one node for ``torch.func`` (no gradient): the forward runs eagerly
+    on plain tensors, so its data-dependent steps (Wilson's walks, the fallbacks of the solves)
+    keep working; under ``vmap`` the vmapped dim is folded into the batch
+    (``randomness="different"``) or each problem draws from the same generator state
+    (``"same"``), :func:`perturb._vmap.fold_random_vmap`."""
+
+    @staticmethod
+    def forward(w, tau, mask, lengths, root, n_samples, generator, method, undirected):
+        return _sample_eager(w, tau, mask, lengths, root, n_samples, generator, method,
+                             undirected)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (None,) * 9
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return fold_random_vmap(_TreeSample.apply, info, in_dims, args, expand=(0,),
+                                broadcast=(1, 2, 3), generator=args[6],
+                                out_dim=0 if args[5] is None else 1)
