@@ -37,7 +37,18 @@ class _LogPotential(constraints.Constraint):
 log_potential = _LogPotential()
 
 
-class StructureSupport(constraints.Constraint):
+class _OfStructure(constraints.Constraint):
+    """A constraint defined by a structure, with the structure's event dims."""
+
+    def __init__(self, structure: Structure):
+        if not isinstance(structure, Structure):
+            raise ValueError(f"structure must be a perturb Structure, got {structure!r}")
+        self.structure = structure
+        self.event_dim = structure.event_dim
+        super().__init__()
+
+
+class StructureSupport(_OfStructure):
     """The set Z of a structure as a discrete constraint: ``check(y)`` is ``structure.check(y)``.
 
     Args:
@@ -55,13 +66,6 @@ class StructureSupport(constraints.Constraint):
 
     is_discrete = True
 
-    def __init__(self, structure: Structure):
-        if not isinstance(structure, Structure):
-            raise ValueError(f"structure must be a perturb Structure, got {structure!r}")
-        self.structure = structure
-        self.event_dim = structure.event_dim
-        super().__init__()
-
     def check(self, value: torch.Tensor) -> torch.Tensor:
         return self.structure.check(value)
 
@@ -69,7 +73,7 @@ class StructureSupport(constraints.Constraint):
         return f"StructureSupport({self.structure!r})"
 
 
-class StructureHull(constraints.Constraint):
+class StructureHull(_OfStructure):
     """conv Z of a structure, the support of its relaxed samples, as a continuous constraint.
 
     ``check`` is a necessary condition, exact for the simplex: every entry ≥ 0 and the entries
@@ -82,13 +86,6 @@ class StructureHull(constraints.Constraint):
     """
 
     is_discrete = False
-
-    def __init__(self, structure: Structure):
-        if not isinstance(structure, Structure):
-            raise ValueError(f"structure must be a perturb Structure, got {structure!r}")
-        self.structure = structure
-        self.event_dim = structure.event_dim
-        super().__init__()
 
     def check(self, value: torch.Tensor) -> torch.Tensor:
         dims = tuple(range(-self.event_dim, 0))

@@ -65,14 +65,15 @@ class _PerturbedBase(Distribution):
     arg_constraints = {"logits": log_potential}
     has_rsample = True
 
-    def __init__(self, logits: torch.Tensor | None, structure: Structure,
+    def __init__(self, logits: torch.Tensor | None = None, structure: Structure | None = None,
                  noise: Noise | None = None, tau: float | torch.Tensor = 1.0,
                  regularizer: Regularizer | None = None, backward: str = "auto",
                  validate_args: bool | None = None, *, theta: torch.Tensor | None = None):
         name = type(self).__name__
         logits = _scores_argument(name, logits, "theta", theta)
         validate = _resolve_validate(validate_args)
-        _check_structure(structure)
+        _check_structure(structure)  # type: ignore[arg-type]
+        assert structure is not None  # (checked)
         noise = Gumbel() if noise is None else noise
         check_noise(noise)
         if regularizer is not None and not isinstance(regularizer, Regularizer):
@@ -176,14 +177,10 @@ class PerturbedStructure(_PerturbedBase):
         >>> y = PerturbedStructure(theta, KSubset(3), tau=0.1).rsample()   # top-3, ST gradient
     """
 
-    def __init__(self, logits: torch.Tensor | None = None, structure: Structure | None = None,
-                 noise: Noise | None = None, tau: float | torch.Tensor = 1.0,
-                 regularizer: Regularizer | None = None, backward: str = "auto",
-                 validate_args: bool | None = None, *, theta: torch.Tensor | None = None):
-        super().__init__(logits, structure, noise, tau, regularizer, backward,  # type: ignore[arg-type]
-                         validate_args, theta=theta)
-        # only where the structure can list its vertices (torch reads this flag)
-        self.has_enumerate_support = _can_enumerate(self.structure)
+    @property
+    def has_enumerate_support(self) -> bool:  # type: ignore[override]  # torch reads it
+        """Whether the structure can list its vertices (implements ``enumerate``)."""
+        return _can_enumerate(self.structure)
 
     # -- sampling ------------------------------------------------------------------------------
 

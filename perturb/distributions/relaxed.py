@@ -43,9 +43,9 @@ from torch.types import _size
 
 from perturb.distributions.constraints import StructureHull
 from perturb.distributions.perturbed import _PerturbedBase
-from perturb.noise import Gumbel, Noise, Normal
-from perturb.regularizers import Entropy, ExpFamilyEntropy, Regularizer
-from perturb.structures import Simplex, Structure
+from perturb.noise import Gumbel, Normal
+from perturb.regularizers import Entropy, ExpFamilyEntropy
+from perturb.structures import Simplex
 
 __all__ = ["RelaxedPerturbedStructure"]
 
@@ -86,13 +86,6 @@ class RelaxedPerturbedStructure(_PerturbedBase):
     """
 
     has_enumerate_support = False
-
-    def __init__(self, logits: torch.Tensor | None = None, structure: Structure | None = None,
-                 noise: Noise | None = None, tau: float | torch.Tensor = 1.0,
-                 regularizer: Regularizer | None = None, backward: str = "auto",
-                 validate_args: bool | None = None, *, theta: torch.Tensor | None = None):
-        super().__init__(logits, structure, noise, tau, regularizer, backward,  # type: ignore[arg-type]
-                         validate_args, theta=theta)
 
     @property
     def support(self) -> Any:
