@@ -10,8 +10,8 @@ The same object describes hard boxes and Gumbel boxes. For a Gumbel box (Dasgupt
 
     X_lo ~ MaxGumbel(μ_lo, β),     X_hi ~ MinGumbel(μ_hi, β),
 
-and the scale β is an argument of the operations (:func:`~perturb.boxes.volumes`,
-:func:`~perturb.boxes.intersections`), not of the box. See ``docs/boxes.md`` for the math.
+and the scale β is an argument of the operations (:func:`~perturb.boxes.volume`,
+:func:`~perturb.boxes.intersection`), not of the box. See ``docs/boxes.md`` for the math.
 
 A box whose ``upper < lower`` in some coordinate is *empty* as a hard box (its hard volume is 0);
 it is still a valid Gumbel box (its expected volume is small but positive), so no ordering of
@@ -19,7 +19,6 @@ the corners is enforced.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch

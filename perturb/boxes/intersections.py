@@ -9,7 +9,7 @@ are independent then P(max ≤ t) = exp(−e^{−(t−μ_a)/β} − e^{−(t−�
 
 and likewise min(X_hi^a, X_hi^b) ~ MinGumbel(−lse_β(−μ_hi^a, −μ_hi^b), β). So the intersection
 of two Gumbel boxes is again a Gumbel box, with those corner locations, and its expected volume
-has the closed form of :func:`~perturb.boxes.volumes`. (This only works with MaxGumbel lower and
+has the closed form of :func:`~perturb.boxes.volume`. (This only works with MaxGumbel lower and
 MinGumbel upper corners.) lse_β is computed as ``max(a, b) + β·log1p(exp(−|a − b|/β))``, exact
 for any β and ±1e4 coordinates, and never below the hard corner max(a, b) (the correction is
 added to it), so the Gumbel intersection lies inside the hard one exactly, in any dtype.

@@ -179,14 +179,14 @@ def volume_regularizer(box: Box, threshold: float, *, method: str | None = None,
         mode="indicator":  Σ 1[Vol > τ_v]·Vol      (gradient Vol·∂log Vol above τ_v, 0 below)
         mode="hinge":      Σ max(0, Vol − τ_v)
 
-    Both are 0 for boxes of volume at most τ_v. The volume is :func:`~perturb.boxes.volumes`
+    Both are 0 for boxes of volume at most τ_v. The volume is :func:`~perturb.boxes.volume`
     with the given ``method``/``beta``/``temperature`` (Gumbel when ``beta`` is given). In high
     dimension volumes are tiny; pick τ_v on that scale (e.g. ∝ s^d for a target side s).
 
     Args:
         box: the boxes.
         threshold: τ_v ≥ 0.
-        method, beta, temperature, approx: the volume, as in :func:`~perturb.boxes.volumes`.
+        method, beta, temperature, approx: the volume, as in :func:`~perturb.boxes.volume`.
         mode: "indicator" or "hinge".
         reduction: "sum" (default), "mean" or "none".
 
