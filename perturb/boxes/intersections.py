@@ -41,26 +41,27 @@ __all__ = ["intersection", "containment_prob", "log_containment_prob",
 _NESTED = 1e-2
 
 
-def _neg_gap(a: torch.Tensor, b: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """−|a − b| = min(a, b) − max(a, b) (``m`` is the max), 0 where a = b = ±∞ (instead of
-    ∞ − ∞ = NaN: equal corners, also at infinity)."""
-    return nan_to_(torch.minimum(a, b).sub_(m), 0.0)
+def _gap(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a − b| in a fresh buffer, 0 where a = b = ±∞ (instead of ∞ − ∞ = NaN: equal corners,
+    also at infinity)."""
+    return nan_to_(torch.sub(a, b).abs_(), 0.0)
 
 
 def _neg_softplus_gap(a: torch.Tensor, b: torch.Tensor, c: float) -> torch.Tensor:
     """−β·softplus(−|a − b|/β) ∈ [−β·log 2, 0] (c = 1/β), in one buffer: softplus with the
     negative scale −c written over |a − b| (every op but the first in place: at large sizes
     each fresh buffer costs as much as a pass). ∞ − ∞ (equal infinite corners) reads as 0."""
-    gap = nan_to_(torch.sub(a, b).abs_(), 0.0)
+    gap = _gap(a, b)
     # F.softplus(x, beta) = log1p(exp(beta·x))/beta, here with beta = −c < 0 (x ≥ 0: never
     # above the threshold), written over its input (torch's stub does not list out=)
     return torch._C._nn.softplus(gap, -c, 20.0, out=gap)  # type: ignore[call-arg]
 
 
-def _lse_correction(a: torch.Tensor, b: torch.Tensor, beta: float | torch.Tensor,
-                    m: torch.Tensor) -> torch.Tensor:
-    """lse_β(a, b) − max(a, b) = β·log1p(exp(−|a − b|/β)) ∈ [0, β·log 2] (``m`` the max)."""
-    return beta * torch.log1p(exp_floored(_neg_gap(a, b, m) / beta))
+def _lse_correction(a: torch.Tensor, b: torch.Tensor, beta: float | torch.Tensor
+                    ) -> torch.Tensor:
+    """lse_β(a, b) − max(a, b) = β·log1p(exp(−|a − b|/β)) ∈ [0, β·log 2], for any β (a tensor
+    too; :func:`_neg_softplus_gap` is the one-buffer form for a number)."""
+    return beta * torch.log1p(exp_floored(_gap(a, b).neg_() / beta))
 
 
 class _GumbelIntersection(torch.autograd.Function):
@@ -165,11 +166,8 @@ def intersection(a: Box, b: Box, beta: float | torch.Tensor | None = None) -> Bo
     if not isinstance(beta, torch.Tensor):
         return Box._trusted(*_GumbelIntersection.apply(a.lower, a.upper, b.lower, b.upper,
                                                        beta))
-    lower = torch.maximum(a.lower, b.lower)
-    upper = torch.minimum(a.upper, b.upper)
-    neg_upper = -upper   # the max of the negated upper corners
-    return Box._trusted(lower + _lse_correction(a.lower, b.lower, beta, lower),
-                        upper - _lse_correction(-a.upper, -b.upper, beta, neg_upper))
+    return Box._trusted(torch.maximum(a.lower, b.lower) + _lse_correction(a.lower, b.lower, beta),
+                        torch.minimum(a.upper, b.upper) - _lse_correction(a.upper, b.upper, beta))
 
 
 def _log_volumes(a: Box, b: Box, beta: float | torch.Tensor | None,
