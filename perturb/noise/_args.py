@@ -86,12 +86,17 @@ def _default_device() -> torch.device:
 
 
 
-@torch.compiler.disable
-def _rand_eager(shape: torch.Size, generator: torch.Generator,
-                device: torch.device | str | None, dtype: torch.dtype) -> torch.Tensor:
+def _draw_open(shape: torch.Size, generator: torch.Generator | None,
+               device: torch.device | str | None, dtype: torch.dtype) -> torch.Tensor:
     u = torch.rand(shape, generator=generator, device=device, dtype=dtype)
-    fi = torch.finfo(dtype)
+    fi = torch.finfo(dtype)  # no cache: a cache filled on first use recompiles compiled callers
+    if _unreadable(u):                       # vmap: clamp_ has no batch rule
+        return u.clamp(fi.tiny, 1.0 - fi.eps / 2)
     return u.clamp_(fi.tiny, 1.0 - fi.eps / 2)
+
+
+#: the same draw, run eagerly under ``torch.compile`` (a generator cannot enter the graph)
+_draw_open_eager = torch.compiler.disable(_draw_open)
 
 
 def _open_uniform(shape: torch.Size, generator: torch.Generator | None,
@@ -100,14 +105,10 @@ def _open_uniform(shape: torch.Size, generator: torch.Generator | None,
 
     Under ``torch.compile`` a ``torch.Generator`` cannot enter the graph (dynamo has no proxy
     for it): the draw with a generator then runs eagerly, one graph break at this call (see
-    docs/core.md, "Compiling")."""
+    docs/core.md, "torch.compile and torch.func")."""
     if generator is not None and _compiling():
-        return _rand_eager(shape, generator, device, dtype)
-    u = torch.rand(shape, generator=generator, device=device, dtype=dtype)
-    fi = torch.finfo(dtype)  # no cache: a cache filled on first use recompiles compiled callers
-    if _unreadable(u):                       # vmap: clamp_ has no batch rule
-        return u.clamp(fi.tiny, 1.0 - fi.eps / 2)
-    return u.clamp_(fi.tiny, 1.0 - fi.eps / 2)
+        return _draw_open_eager(shape, generator, device, dtype)
+    return _draw_open(shape, generator, device, dtype)
 
 
 def _zero_grad_like(value: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
