@@ -29,7 +29,8 @@ noise).
 structure that uses one has ``log_prob`` = −inf.
 
 Subclasses store their scores under the name in ``_param`` and implement the hooks
-``_log_partition``, ``_marginals``, ``_argmax``, ``_sample`` and ``_score``.
+``_log_partition``, ``_marginals``, ``_sample``, ``_score_of`` and ``_argmax_of`` (the score and
+the argmax for given scores: ``mode`` and ``topk`` use them).
 """
 from __future__ import annotations
 
@@ -148,7 +149,7 @@ class GibbsDistribution(Distribution):
         raise NotImplementedError
 
     def _argmax(self) -> torch.Tensor:
-        raise NotImplementedError
+        return self._argmax_of(self._theta.detach())
 
     def _sample(self, n_samples: int | None, generator: torch.Generator | None) -> torch.Tensor:
         raise NotImplementedError

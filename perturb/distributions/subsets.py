@@ -72,10 +72,6 @@ class KSubsetDistribution(GibbsDistribution):
     def _marginals(self) -> torch.Tensor:
         return ksubset_marginals(self.logits, self.k)
 
-    def _argmax(self) -> torch.Tensor:
-        # -inf sorts last and each row has >= k unmasked items: the top k are unmasked
-        return self.structure.argmax(self.logits.detach())
-
     def _sample(self, n_samples: int | None, generator: torch.Generator | None) -> torch.Tensor:
         return sample_ksubset(self.logits, self.k, n_samples=n_samples, generator=generator)
 
@@ -83,6 +79,7 @@ class KSubsetDistribution(GibbsDistribution):
         return _masked_score(theta, z, None, 1)
 
     def _argmax_of(self, theta: torch.Tensor) -> torch.Tensor:
+        # -inf sorts last and each row has >= k unmasked items: the top k are unmasked
         return self.structure.argmax(theta)
 
     def _repr_extra(self) -> str:

@@ -93,9 +93,6 @@ class SpanningTreeDistribution(GibbsDistribution):
     def _marginals(self) -> torch.Tensor:
         return spanning_tree_marginals(self.logits)
 
-    def _argmax(self) -> torch.Tensor:
-        return max_spanning_tree(self.logits)
-
     def _sample(self, n_samples: int | None, generator: torch.Generator | None) -> torch.Tensor:
         return sample_spanning_tree(self.logits, n_samples=n_samples, generator=generator)
 
@@ -162,9 +159,6 @@ class ArborescenceDistribution(GibbsDistribution):
 
     def _marginals(self) -> torch.Tensor:
         return arborescence_marginals(self.logits, root=self.root)
-
-    def _argmax(self) -> torch.Tensor:
-        return max_arborescence(self.logits, root=self.root)
 
     def _sample(self, n_samples: int | None, generator: torch.Generator | None) -> torch.Tensor:
         return sample_arborescence(self.logits, root=self.root, n_samples=n_samples,
