@@ -38,7 +38,7 @@ from perturb._precision import full_precision
 from perturb._validation import check_choice, check_generator, check_int, check_scores, check_tau
 from perturb.backward import BACKWARD_MODES, resolve_backward, solve_with_backward, straight_through
 from perturb.noise import Discrete, Gumbel, Logistic, Noise, Normal, Uniform
-from perturb.noise._args import check_noise, draw
+from perturb.noise._args import draw
 from perturb.regularizers import Regularizer
 from perturb.structures import Simplex, SolverEntry, Structure, get_solver
 
@@ -97,7 +97,6 @@ def _perturb(theta: torch.Tensor, noise: Noise | None, n_samples: int | None,
         # θ − β·log E is bitwise θ + Gumbel.sample(...) (same draws), without the negation pass
         check_generator(generator)
         return theta - noise._log_exponential(shape, generator, theta.device, theta.dtype)
-    check_noise(noise)
     return theta + draw(noise, shape, generator, theta.device, theta.dtype)
 
 

@@ -55,7 +55,7 @@ from perturb._validation import (
     validation_enabled,
 )
 from perturb.noise import Gumbel, Noise, Normal
-from perturb.noise._args import check_noise, draw
+from perturb.noise._args import draw
 from perturb.structures import Structure
 
 __all__ = ["perturbed", "fenchel_young_loss", "PerturbedOptimizer", "perturbed_optimizer"]
@@ -162,7 +162,6 @@ def _sample(argmax_fn: ArgmaxFn, theta: torch.Tensor, sigma: float,
     ``argmax_fn`` and ``event_dim`` come resolved by :func:`_solver`."""
     check_scores(theta, "theta", min_ndim=event_dim)
     check_int(n_samples, "n_samples", low=1)
-    check_noise(noise)
     z = draw(noise, (n_samples, *theta.shape), generator, theta.device, theta.dtype)
     ys = _run_argmax(argmax_fn, theta.detach() + sigma * z, event_dim, batched)
     return noise, z, ys

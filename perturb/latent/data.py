@@ -8,7 +8,7 @@ import torch
 from perturb._deprecation import renamed
 from perturb._validation import check_int, check_positive, check_real, check_scores
 from perturb.noise import Logistic, Noise
-from perturb.noise._args import check_noise, draw
+from perturb.noise._args import draw
 
 __all__ = ["NonlinearICAData", "make_nonlinear_ica", "perturbed_binary", "binarized_digits"]
 
@@ -102,7 +102,6 @@ def perturbed_binary(logits: torch.Tensor, tau: float | None = None, noise: Nois
     check_scores(logits, "logits", min_ndim=0)
     noise = Logistic() if noise is None else noise
     _check_binary_tau(tau, "tau")
-    check_noise(noise)
     eps = draw(noise, logits.shape, generator, logits.device, logits.dtype)
     if tau == 0:
         return (logits + eps > 0).to(logits.dtype)

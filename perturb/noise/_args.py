@@ -139,8 +139,10 @@ def check_noise(noise: object, name: str = "noise") -> None:
 def draw(noise: Any, shape: torch.Size | tuple[int, ...], generator: torch.Generator | None,
          device: torch.device | str | None, dtype: torch.dtype,
          name: str = "noise") -> torch.Tensor:
-    """``noise.sample(shape, ...)``, checked: a tensor of exactly ``shape`` (a user noise that
-    ignores the requested shape would otherwise broadcast silently against the scores)."""
+    """``noise.sample(shape, ...)``, checked: ``noise`` a noise instance (:func:`check_noise`),
+    the result a tensor of exactly ``shape`` (a user noise that ignores the requested shape
+    would otherwise broadcast silently against the scores)."""
+    check_noise(noise, name)
     eps = noise.sample(shape, generator=generator, device=device, dtype=dtype)
     if not isinstance(eps, torch.Tensor) or eps.shape != torch.Size(shape):
         got = tuple(eps.shape) if isinstance(eps, torch.Tensor) else type(eps).__name__
