@@ -58,13 +58,14 @@ def old_sampler_order(fn: str, n_samples: Any, generator: Any, legacy: tuple,
     return generator, (legacy[0] if legacy else None), n_samples
 
 
-def legacy_keywords(fn: str, legacy: tuple, names: tuple[str, ...], given: dict[str, Any],
+def legacy_keywords(fn: str, legacy: tuple, given: dict[str, Any],
                     defaults: dict[str, Any]) -> dict[str, Any]:
     """``given`` (the keyword-only arguments of ``fn``) updated with ``legacy``, extra
-    positional arguments of the old signature where ``names`` followed positionally; warns
-    when there are any."""
+    positional arguments of the old signature, where the keys of ``defaults`` followed in that
+    order; warns when there are any."""
     if not legacy:
         return given
+    names = tuple(defaults)
     if len(legacy) > len(names):
         raise TypeError(f"{fn}() got {len(legacy)} extra positional arguments; the arguments "
                         f"after generator are keyword-only: {', '.join(names)}")

@@ -115,8 +115,8 @@ def _sample_conditional(x, valid, nodes, root, lead, exists, generator):
     return cur
 
 
-#: the old positional order after ``generator`` (keyword-only now), with the defaults
-_AFTER_GENERATOR = ("tau", "mask", "lengths", "method")
+#: the arguments after ``generator`` (keyword-only now) in their old positional order, with
+#: their defaults
 _DEFAULTS: dict[str, Any] = {"tau": 1.0, "mask": None, "lengths": None, "method": "auto"}
 
 
@@ -158,7 +158,7 @@ def sample_arborescence(w: torch.Tensor, root: int = 0, n_samples: int | None = 
         >>> T.shape
         torch.Size([100, 6, 6])
     """
-    kw = legacy_keywords("sample_arborescence", legacy, _AFTER_GENERATOR,
+    kw = legacy_keywords("sample_arborescence", legacy,
                          dict(tau=tau, mask=mask, lengths=lengths, method=method), _DEFAULTS)
     tau, mask, lengths, method = kw["tau"], kw["mask"], kw["lengths"], kw["method"]
     check_choice(method, SAMPLE_METHODS, "method")
@@ -199,7 +199,7 @@ def sample_spanning_tree(w: torch.Tensor, n_samples: int | None = None,
         >>> T.shape, int(T[0].sum()) // 2
         (torch.Size([64, 100, 100]), 99)
     """
-    kw = legacy_keywords("sample_spanning_tree", legacy, _AFTER_GENERATOR,
+    kw = legacy_keywords("sample_spanning_tree", legacy,
                          dict(tau=tau, mask=mask, lengths=lengths, method=method), _DEFAULTS)
     tau, mask, lengths, method = kw["tau"], kw["mask"], kw["lengths"], kw["method"]
     check_choice(method, SAMPLE_METHODS, "method")
