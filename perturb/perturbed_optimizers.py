@@ -171,6 +171,13 @@ def _sample(argmax_fn: ArgmaxFn, theta: torch.Tensor, sigma: float,
 # the perturbed optimizer
 # --------------------------------------------------------------------------------------------
 
+def _sum_from(x: torch.Tensor, start: int) -> torch.Tensor:
+    """``x`` summed over its dims from ``start`` on; ``x`` itself when there are none (a scalar
+    output per problem: torch's ``sum(dim=())`` would sum everything)."""
+    dims = tuple(range(start, x.ndim))
+    return x.sum(dim=dims) if dims else x
+
+
 def _perturbed_vjp(ys: torch.Tensor, dnu: torch.Tensor, grad: torch.Tensor, sigma: float,
                    n_batch: int, baseline: bool) -> torch.Tensor:
     """ḡ_θ = (1/M) Σ_s (⟨g, y_s⟩ − b_s) ∇ν(Z_s) / σ, with b_s the leave-one-out mean (or 0).
@@ -179,10 +186,7 @@ def _perturbed_vjp(ys: torch.Tensor, dnu: torch.Tensor, grad: torch.Tensor, sigm
     ``(*batch, *out)``; returns ``(*batch, *event)``. A pure function the tests call directly.
     """
     m = ys.shape[0]
-    a = ys * grad
-    out_dims = tuple(range(1 + n_batch, ys.ndim))
-    if out_dims:  # a scalar output per problem has none (sum over () would sum everything)
-        a = a.sum(dim=out_dims)  # (M, *batch)
+    a = _sum_from(ys * grad, 1 + n_batch)  # (M, *batch)
     if baseline and m > 1:
         a = a - (a.sum(dim=0, keepdim=True) - a) / (m - 1)
     a = a.reshape(*a.shape, *([1] * (dnu.ndim - a.ndim)))
@@ -351,8 +355,7 @@ def _fenchel_young_loss(argmax_fn: ArgmaxFn | Structure, theta: torch.Tensor,
         raise ValueError(f"reduction='mean' over an empty batch is undefined (theta has shape "
                          f"{tuple(theta.shape)}); use reduction='sum' or 'none'")
     u = theta + sigma * z  # (M, *batch, *event), differentiable in theta
-    dims = tuple(range(u.ndim - event_dim, u.ndim))
-    per = ((ys - y_true) * u).sum(dim=dims).mean(dim=0) if dims else ((ys - y_true) * u).mean(0)
+    per = _sum_from((ys - y_true) * u, u.ndim - event_dim).mean(dim=0)
     if reduction == "none":
         return per
     return per.mean() if reduction == "mean" else per.sum()
