@@ -82,14 +82,10 @@ def _gaussian_softmax_terms(d: RelaxedPerturbedStructure) -> tuple[torch.Tensor,
             "only for the Gaussian-softmax (Normal noise on the Simplex with the entropy "
             "regularizer); the Gumbel-softmax (Concrete) pair has none: estimate it by Monte "
             "Carlo, (p.log_prob(x) - q.log_prob(x)).mean() with x = p.rsample((n,))")
-    tau = d.tau
-    if isinstance(tau, torch.Tensor):
-        log_tau = torch.log(tau.to(d.logits))                          # (*batch) or ()
-        theta_tau = d.logits / tau.to(d.logits).reshape(*tau.shape, 1)
-    else:
-        log_tau = torch.tensor(math.log(tau), dtype=d.logits.dtype, device=d.logits.device)
-        theta_tau = d.logits / tau
-    return theta_tau, 2 * (math.log(cast(Normal, d.noise).scale) - log_tau)
+    tau = d._tau_column()                                  # against (*batch, d)
+    log_tau = (torch.log(tau).squeeze(-1) if isinstance(tau, torch.Tensor) else
+               torch.tensor(math.log(tau), dtype=d.logits.dtype, device=d.logits.device))
+    return d.logits / tau, 2 * (math.log(cast(Normal, d.noise).scale) - log_tau)
 
 
 @register_kl(RelaxedPerturbedStructure, RelaxedPerturbedStructure)
