@@ -2,7 +2,11 @@
 hierarchy; the backend choice (NCCL for CUDA) by construction."""
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -98,6 +102,63 @@ def test_distributed_checkpoint_resume(tmp_path):
         q = resumed.model.state_dict()[name]
         assert (torch.equal(q, p) if isinstance(p, torch.Tensor) else q == p), name
     assert resumed.history.loss == straight.history.loss
-    with pytest.raises(Exception, match="processes"):
+    with pytest.raises(ValueError, match="written by 2 processes, not 1"):
         train_hierarchy_distributed(g, 2, epochs=4, checkpoint=path, resume=True,
                                     **{**kw, "world_size": 1})
+
+
+def test_worker_failure_is_reported_not_hung(tmp_path, monkeypatch):
+    """A process that fails after DDP's first collectives (here: a checkpoint that cannot be
+    written) ends the job with its traceback, in both processes' time, not a hang."""
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with pytest.raises(RuntimeError, match="training process failed"):
+        train_hierarchy_distributed(balanced_tree(2, 2), 2, epochs=1, world_size=2, seed=0,
+                                    checkpoint=blocked / "x.ckpt", timeout=60)
+
+
+def test_timeout_is_checked():
+    with pytest.raises(ValueError, match="timeout"):
+        train_hierarchy_distributed(balanced_tree(2, 2), 2, timeout=0)
+
+
+_TORCHRUN_JOB = """
+import os, sys, torch
+from perturb.boxes.hierarchy import balanced_tree, train_hierarchy_distributed
+res = train_hierarchy_distributed(balanced_tree(2, 3), 2, method="gumbel", beta=0.2, epochs=3,
+                                  lr=0.05, negatives_per_positive=0, batch_size=17, seed=3,
+                                  dtype=torch.float64, timeout=120)
+torch.save({"params": dict(res.model.named_parameters()), "loss": res.history.loss},
+           os.path.join(sys.argv[1], "rank%s.pt" % os.environ["RANK"]))
+"""
+
+
+def test_torchrun_two_gloo_processes(tmp_path):
+    """The documented launch: `torchrun --standalone --nproc-per-node 2 job.py`, each process
+    calling train_hierarchy_distributed (env:// rendezvous): both return the same model, and
+    it is the model of one process on the full batch."""
+    job = tmp_path / "job.py"
+    job.write_text(textwrap.dedent(_TORCHRUN_JOB))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    from perturb.boxes.hierarchy.distributed import _loopback_interface
+    if _loopback_interface() is not None:
+        env.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", str(job), str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    single = train_hierarchy(balanced_tree(2, 3), 2, method="gumbel", beta=0.2, epochs=3,
+                             lr=0.05, negatives_per_positive=0, batch_size=34, seed=3,
+                             dtype=torch.float64, progress=False)
+    for name, p in single.model.named_parameters():
+        assert torch.equal(r0["params"][name], r1["params"][name]), name
+        torch.testing.assert_close(r0["params"][name], p.detach(), rtol=1e-9, atol=1e-10)
+    assert r0["loss"] == r1["loss"] and len(r0["loss"]) == 3
+
+
+def test_world_size_must_match_torchrun(monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="torchrun started 2"):
+        train_hierarchy_distributed(balanced_tree(2, 2), 2, world_size=3)
