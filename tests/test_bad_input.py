@@ -512,10 +512,24 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("beta tensor that does not broadcast", lambda: boxes.intersection(
             BOX, BOX, beta=torch.ones(5)), "beta"),
     ],
+    "expected_volume": [
+        Case("no box", lambda: boxes.expected_volume(noise=perturb.Normal(0.1)), "at least one"),
+        Case("a box not a Box", lambda: boxes.expected_volume(BOX, LOWER), "boxes\\[1\\]"),
+        Case("Discrete noise", lambda: boxes.expected_volume(
+            BOX, noise=perturb.Discrete([0.0, 1.0], [0.5, 0.5])), "noise.*continuous"),
+        Case("bounded noise", lambda: boxes.expected_volume(BOX, noise=perturb.Uniform()),
+             "noise.*bounded"),
+        Case("a noise name", lambda: boxes.expected_volume(BOX, noise="gumbel"),
+             "noise must be a perturb.noise.Noise"),
+        Case("boxes of different d", lambda: boxes.expected_volume(
+            BOX, boxes.Box(torch.zeros(5, dtype=F64), torch.ones(5, dtype=F64))), "dim"),
+    ],
     "containment_prob": _box_cases(lambda a: boxes.containment_prob(a, BOX), "a")
     + _tau_cases(lambda b: boxes.containment_prob(BOX, BOX, beta=b), "beta") + [
         Case("beta tensor that does not broadcast", lambda: boxes.containment_prob(
             BOX, BOX, beta=torch.ones(5)), "beta"),
+        Case("noise with beta", lambda: boxes.containment_prob(
+            BOX, BOX, beta=0.1, noise=perturb.Normal(0.1)), "drop beta"),
         Case("volume_beta tensor that does not broadcast", lambda: boxes.containment_prob(
             BOX, BOX, beta=0.1, volume_beta=torch.ones(5)), "volume_beta"),
     ],

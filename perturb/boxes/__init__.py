@@ -1,4 +1,5 @@
-"""Box embeddings: hard, soft and Gumbel boxes, their volumes, intersections and training losses.
+"""Box embeddings: hard, soft and Gumbel boxes, boxes perturbed by any noise, their volumes,
+intersections and training losses.
 
 See ``docs/boxes.md`` for the math (Gumbel corner orientation, max-stability, the Bessel volume).
 The hierarchy application (WordNet, training, evaluation) is the subpackage
@@ -6,6 +7,7 @@ The hierarchy application (WordNet, training, evaluation) is the subpackage
 """
 from perturb.boxes.box import Box, join
 from perturb.boxes.embedding import BoxEmbedding
+from perturb.boxes.expected_volumes import expected_volume
 from perturb.boxes.hierarchy import (
     BoxHierarchyModel,
     all_pairs_f1,
@@ -22,6 +24,7 @@ __all__ = [
     "Box",
     "join",
     "volume",
+    "expected_volume",
     "gumbel_side_length",
     "log_gumbel_side_length",
     "EULER_GAMMA",

@@ -31,8 +31,11 @@ from perturb._math import exp_floored, log_expm1, logaddexp2, nan_to_
 from perturb._math import log1mexp as _log1mexp
 from perturb._validation import check_value, reads_stall, validation_enabled
 from perturb.boxes.box import Box, _broadcast_boxes
+from perturb.boxes.expected_volumes import (_log1m_ratio, _log_expected_volume, _noise_reach,
+                                            check_box_noise)
 from perturb.boxes.volumes import (_any, _as_scale, _log, _log_gumbel_side_slope, _log_softplus,
                                   _log_volume)
+from perturb.noise import Gumbel, Noise
 
 __all__ = ["intersection", "containment_prob", "log_containment_prob",
            "log1m_containment_prob", "log1mexp", "overlap"]
@@ -170,13 +173,50 @@ def intersection(a: Box, b: Box, beta: float | torch.Tensor | None = None) -> Bo
                         torch.minimum(a.upper, b.upper) - _lse_correction(a.upper, b.upper, beta))
 
 
+def _resolve_noise(noise: Noise | None, beta: Any, volume_beta: Any, temperature: Any,
+                   approx: bool) -> tuple[Any, Noise | None]:
+    """``(beta, noise)`` for the containment functions: ``noise=Gumbel(scale=β)`` is the
+    Gumbel path with ``beta=β`` (closed form and the nested-pair precision of
+    :func:`log1m_containment_prob`); other noises go to
+    :mod:`perturb.boxes.expected_volumes`."""
+    if noise is None:
+        return beta, None
+    check_box_noise(noise)
+    given = [name for name, v in (("beta", beta), ("volume_beta", volume_beta),
+                                  ("temperature", temperature)) if v is not None]
+    if given or approx:
+        raise ValueError(f"noise={noise!r} describes the boxes' perturbation by itself: drop "
+                         f"{', '.join(given) if given else 'approx'}")
+    if type(noise) is Gumbel:
+        return noise.scale, None
+    return None, noise
+
+
+def _noise_scales(noise: Noise | None, *scales: Any) -> tuple:
+    """The scales :func:`_where_unbounded` adds to its cut, with the noise's reach."""
+    return scales if noise is None else (*scales, _noise_reach(noise))
+
+
+def _box_log_volume(box: Box, method: str, vbeta: Any, temperature: Any, approx: bool,
+                    noise: Noise | None) -> torch.Tensor:
+    """log E[Vol(box)] under the resolved model of :func:`_log_volumes`."""
+    if noise is not None:
+        return _log_expected_volume([box.lower], [box.upper], noise)
+    return _log_volume(box, method, vbeta, temperature, approx)
+
+
 def _log_volumes(a: Box, b: Box, beta: float | torch.Tensor | None,
                  volume_beta: float | torch.Tensor | None,
-                 temperature: float | torch.Tensor | None, approx: bool
+                 temperature: float | torch.Tensor | None, approx: bool,
+                 noise: Noise | None = None
                  ) -> tuple[torch.Tensor, str, float | torch.Tensor | None]:
     """log E[Vol(a ∩ b)] and the resolved (method, volume scale) shared by containment and
     overlap. The volumes of ``a`` and ``b`` alone are then computed on their own batch shapes
-    (not the broadcast one) and broadcast by the arithmetic."""
+    (not the broadcast one) and broadcast by the arithmetic. ``noise`` (resolved, not Gumbel):
+    the quadrature of :mod:`perturb.boxes.expected_volumes`."""
+    if noise is not None:
+        a, b = _broadcast_boxes(a, b)
+        return _log_expected_volume([a.lower, b.lower], [a.upper, b.upper], noise), "noise", None
     if beta is not None:
         if temperature is not None:
             raise ValueError("give beta (Gumbel boxes) or temperature (soft volumes), not both")
@@ -200,18 +240,22 @@ def _log_volumes(a: Box, b: Box, beta: float | torch.Tensor | None,
 def log_containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = None,
                          volume_beta: float | torch.Tensor | None = None, *,
                          temperature: float | torch.Tensor | None = None,
-                         approx: bool = False) -> torch.Tensor:
+                         approx: bool = False, noise: Noise | None = None) -> torch.Tensor:
     """``log P(b ⊆ a) = log E[Vol(a ∩ b)] − log E[Vol(b)]``; see :func:`containment_prob`."""
+    beta, noise = _resolve_noise(noise, beta, volume_beta, temperature, approx)
+
     def log_p(a: Box, b: Box) -> torch.Tensor:
-        log_inter, method, vbeta = _log_volumes(a, b, beta, volume_beta, temperature, approx)
-        log_b = _log_volume(b, method, vbeta, temperature, approx)
+        log_inter, method, vbeta = _log_volumes(a, b, beta, volume_beta, temperature, approx,
+                                                noise)
+        log_b = _box_log_volume(b, method, vbeta, temperature, approx, noise)
         out = log_inter - log_b
         if method == "hard":
             # An empty hard b is contained in every box: P = 1 (0/0 otherwise).
             out = torch.where(torch.isneginf(log_b).expand_as(out), torch.zeros_like(out), out)
         return out
 
-    out = _where_unbounded(log_p(a, b), a, b, log_p, (beta, volume_beta, temperature))
+    out = _where_unbounded(log_p(a, b), a, b, log_p,
+                           _noise_scales(noise, beta, volume_beta, temperature))
     return out.clamp(max=0.0)
 
 
@@ -339,7 +383,7 @@ def _merge_nested(far: torch.Tensor, nested: torch.Tensor, near: torch.Tensor) -
 def log1m_containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = None,
                            volume_beta: float | torch.Tensor | None = None, *,
                            temperature: float | torch.Tensor | None = None,
-                           approx: bool = False) -> torch.Tensor:
+                           approx: bool = False, noise: Noise | None = None) -> torch.Tensor:
     """``log(1 − P(b ⊆ a))``, accurate also when ``b`` lies deep inside ``a``.
 
     This is the loss −log(1 − P) of a *negative* pair. Computed from log P it breaks down
@@ -352,6 +396,9 @@ def log1m_containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = N
     is finite with a non-zero gradient at any finite depth. Elsewhere it is log1mexp(log P).
     Hard and soft boxes have a hard intersection: for them a nested pair has P = 1 exactly and
     the result is −inf, the true value.
+    With another ``noise`` (:func:`~perturb.boxes.expected_volume`) the part of each side of b
+    that the intersection loses is integrated directly in log space, so nested pairs keep
+    their value and gradient for every noise.
 
     Args, modes and shapes as :func:`containment_prob`; returns ``(*batch,)``, values <= 0.
 
@@ -363,10 +410,30 @@ def log1m_containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = N
         >>> log1m_containment_prob(a, b, beta=0.01)
         tensor(-41.5500)
     """
+    beta, noise = _resolve_noise(noise, beta, volume_beta, temperature, approx)
     log_p = log_containment_prob(a, b, beta, volume_beta, temperature=temperature,
-                                 approx=approx)
+                                 approx=approx, noise=noise)
+    if noise is not None:
+        return _log1m_noise(log_p, a, b, noise)
     return _log1m_containment(log_p, a, b, beta,
                               beta if volume_beta is None else volume_beta, approx)
+
+
+def _log1m_noise(log_p: torch.Tensor, a: Box, b: Box, noise: Noise) -> torch.Tensor:
+    """log(1 − P) under a quadrature noise: the direct integral of what b loses in the
+    intersection (:func:`~perturb.boxes.expected_volumes._log1m_ratio`) for pairs with finite
+    corners, ``log1mexp(log P)`` for the unbounded ones (their limit)."""
+    a, b = _broadcast_boxes(a, b)
+    corners = (a.lower, a.upper, b.lower, b.upper)
+    finite = torch.stack([torch.isfinite(c).all(-1) for c in corners]).all(0)
+    far = _log1m_containment(log_p, a, b, None, None, False)
+    if not _any(finite.any()):
+        return far
+    rows = finite.unsqueeze(-1)
+    safe = [torch.where(rows, c, fill).to(torch.float64)
+            for c, fill in zip(corners, (0.0, 1.0, 0.0, 1.0))]
+    near = _log1m_ratio(safe[0], safe[1], safe[2], safe[3], noise).to(log_p.dtype)
+    return torch.where(finite, near, far)
 
 
 def _log1m_containment(log_p: torch.Tensor, a: Box, b: Box, beta: float | torch.Tensor | None,
@@ -390,7 +457,7 @@ def _log1m_containment(log_p: torch.Tensor, a: Box, b: Box, beta: float | torch.
 def containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = None,
                      volume_beta: float | torch.Tensor | None = None, *,
                      temperature: float | torch.Tensor | None = None, approx: bool = False,
-                     log: bool = False) -> torch.Tensor:
+                     log: bool = False, noise: Noise | None = None) -> torch.Tensor:
     """Probability that ``b`` is contained in ``a``: ``P(b ⊆ a) = E[Vol(a ∩ b)] / E[Vol(b)]``.
 
     Under the uniform measure this is the conditional probability P(a | b) of the box model:
@@ -413,6 +480,10 @@ def containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = None,
         temperature: softplus volume temperature for soft boxes (``beta=None`` only).
         approx: softplus approximation of the Gumbel volume.
         log: return ``log P`` (as :func:`log_containment_prob`).
+        noise: instead of ``beta``/``temperature``, a :class:`~perturb.noise.Noise` perturbing
+            every corner (lower ``+ε``, upper ``−ε'``): both volumes are the expected volumes
+            of :func:`~perturb.boxes.expected_volume` (``Gumbel(scale=β)`` is ``beta=β``;
+            Normal, Logistic and user noises by quadrature).
 
     Shape:
         ``a``, ``b``: ``(*batch, d)`` (batch shapes broadcast); returns ``(*batch,)``.
@@ -422,7 +493,8 @@ def containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = None,
 
     Raises:
         ValueError: β, T <= 0; ``beta`` and ``temperature`` both given; ``volume_beta`` or
-            ``approx`` without ``beta``; mismatched boxes.
+            ``approx`` without ``beta``; ``noise`` with any of them, or a noise without a CDF
+            (:func:`~perturb.boxes.expected_volume`); mismatched boxes.
 
     Example:
         >>> a = Box(torch.zeros(2), torch.ones(2))
@@ -433,14 +505,15 @@ def containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = None,
     References:
         Vilnis et al. 2018, arXiv:1805.06627; Dasgupta et al. 2020, arXiv:2010.04831.
     """
-    out = log_containment_prob(a, b, beta, volume_beta, temperature=temperature, approx=approx)
+    out = log_containment_prob(a, b, beta, volume_beta, temperature=temperature, approx=approx,
+                               noise=noise)
     return out if log else torch.exp(out)
 
 
 def overlap(a: Box, b: Box, beta: float | torch.Tensor | None = None,
             volume_beta: float | torch.Tensor | None = None, *,
             temperature: float | torch.Tensor | None = None, approx: bool = False,
-            log: bool = False) -> torch.Tensor:
+            log: bool = False, noise: Noise | None = None) -> torch.Tensor:
     """Jaccard-type overlap ``E[Vol(a ∩ b)] / (E[Vol(a)] + E[Vol(b)] − E[Vol(a ∩ b)])``.
 
     The intersection volume over the (inclusion-exclusion) union volume: 1 for identical hard
@@ -450,7 +523,7 @@ def overlap(a: Box, b: Box, beta: float | torch.Tensor | None = None,
 
     Args:
         a, b: the boxes.
-        beta, volume_beta, temperature, approx: as in :func:`containment_prob`.
+        beta, volume_beta, temperature, approx, noise: as in :func:`containment_prob`.
         log: return the log overlap.
 
     Shape:
@@ -468,10 +541,13 @@ def overlap(a: Box, b: Box, beta: float | torch.Tensor | None = None,
         >>> overlap(a, b)
         tensor(0.3333)
     """
+    beta, noise = _resolve_noise(noise, beta, volume_beta, temperature, approx)
+
     def log_overlap(a: Box, b: Box) -> torch.Tensor:
-        log_inter, method, vbeta = _log_volumes(a, b, beta, volume_beta, temperature, approx)
-        la = _log_volume(a, method, vbeta, temperature, approx)
-        lb = _log_volume(b, method, vbeta, temperature, approx)
+        log_inter, method, vbeta = _log_volumes(a, b, beta, volume_beta, temperature, approx,
+                                                noise)
+        la = _box_log_volume(a, method, vbeta, temperature, approx, noise)
+        lb = _box_log_volume(b, method, vbeta, temperature, approx, noise)
         lab = torch.logaddexp(la, lb)
         # two empty boxes, or a bounded intersection in an unbounded union: overlap 0
         zero = torch.isneginf(lab) | (torch.isposinf(lab) & ~torch.isposinf(log_inter))
@@ -481,5 +557,6 @@ def overlap(a: Box, b: Box, beta: float | torch.Tensor | None = None,
         out = log_inter - (lab + torch.log(-torch.expm1(d)))
         return torch.where(zero, -math.inf, torch.where(unbounded, math.nan, out))
 
-    out = _where_unbounded(log_overlap(a, b), a, b, log_overlap, (beta, volume_beta, temperature))
+    out = _where_unbounded(log_overlap(a, b), a, b, log_overlap,
+                           _noise_scales(noise, beta, volume_beta, temperature))
     return out if log else torch.exp(out)
