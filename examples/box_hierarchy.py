@@ -51,6 +51,8 @@ from perturb.boxes.hierarchy import (  # noqa: E402
 from perturb.boxes.losses import PairSet, sample_negatives  # noqa: E402
 
 METHODS = ("gumbel", "soft", "hard")
+#: Boxes whose corners are perturbed by another noise (expected volumes by quadrature; slower).
+NOISE_METHODS = ("normal", "logistic")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,7 +60,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=3, help="number of seeds per configuration")
     p.add_argument("--epochs", type=int, default=None,
                    help="epochs at --lr per run (default 20; --quick 40)")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--methods", nargs="+", default=list(METHODS),
+                   choices=METHODS + NOISE_METHODS,
+                   help="box models (normal, logistic: corners perturbed by that noise)")
+    p.add_argument("--noise-scale", type=float, default=0.1,
+                   help="scale of the corner noise of the normal and logistic boxes")
     p.add_argument("--dims", nargs="+", type=int, default=None, help="default 8 4 (quick: 4 2)")
     p.add_argument("--height", type=int, default=None, help="tree height (default 9; quick 5)")
     p.add_argument("--negatives", type=int, default=128, help="negatives per positive")
@@ -126,7 +132,8 @@ def train_phased(graph, dim, method, args, epochs, negatives, seed, hp, eval_fn=
         phases += [(args.decay_epochs, args.lr / 5), (args.decay_epochs, args.lr / 25)]
     model, zero, zero_curve, stalled_curve, f1_curve, done = None, [], [], [], [], 0
     for i, (ep, lr) in enumerate(phases):
-        kw = dict(beta=hp["beta"], volume_beta=hp["volume_beta"], temperature=hp["temperature"],
+        beta = args.noise_scale if method in NOISE_METHODS else hp["beta"]
+        kw = dict(beta=beta, volume_beta=hp["volume_beta"], temperature=hp["temperature"],
                   epochs=ep, lr=lr, negatives_per_positive=negatives, batch_size=args.batch_size,
                   seed=seed + 1000 * i, device=args.device, model=model, train_edges=train_edges,
                   known_edges=known_edges, diagnostics_every=args.diagnostics_every,
@@ -284,7 +291,8 @@ def plot_curves(rows: list[dict], path_f1: pathlib.Path, path_zero: pathlib.Path
                 path_stalled: pathlib.Path) -> None:
     recon = [r for r in rows if r["f1_curve"]]
     groups = sorted({(r["setting"], r["dim"]) for r in recon})
-    colors = {"gumbel": "tab:blue", "soft": "tab:orange", "hard": "tab:red"}
+    colors = {"gumbel": "tab:blue", "soft": "tab:orange", "hard": "tab:red",
+              "normal": "tab:green", "logistic": "tab:purple"}
     ylabels = {"f1_curve": "F1 (all pairs, best threshold)",
                "zero_grad_curve": "fraction of zero gradient entries",
                "stalled_curve": "stalled / violated pairs"}

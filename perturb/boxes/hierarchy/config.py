@@ -20,7 +20,7 @@ from perturb._validation import check_choice, check_int, check_tau
 __all__ = ["HierarchyConfig", "METHODS", "PARAMETERISATIONS", "INITIALIZERS"]
 
 #: Box models of :class:`~perturb.boxes.hierarchy.BoxHierarchyModel`.
-METHODS = ("gumbel", "soft", "hard")
+METHODS = ("gumbel", "soft", "hard", "normal", "logistic")
 #: Initialisations of a run's boxes (:attr:`HierarchyConfig.initializer`).
 INITIALIZERS = ("random", "nested")
 #: Box parameterisations of :class:`~perturb.boxes.BoxEmbedding`.
@@ -37,9 +37,11 @@ class HierarchyConfig:
 
     Model:
         dim: box dimension d (>= 1).
-        method: "gumbel", "soft" or "hard" (see :class:`BoxHierarchyModel`).
+        method: "gumbel", "soft", "hard", or "normal" / "logistic" (corners perturbed by that
+            noise with scale ``beta``; see :class:`BoxHierarchyModel`).
         beta, volume_beta: Gumbel intersection / volume scales (> 0; ``volume_beta=None``: use
-            ``beta``). The defaults (0.01, 0.1) follow Dasgupta et al. 2020.
+            ``beta``). The defaults (0.01, 0.1) follow Dasgupta et al. 2020. For "normal" and
+            "logistic", ``beta`` is the noise scale and ``volume_beta`` is not used.
         temperature: softplus temperature of soft volumes (> 0).
         parameterisation: "center_offset", "min_delta" or "sigmoid" (BoxEmbedding).
         init: side-length range ``(min_side, max_side)`` of the random initialisation, in

@@ -23,7 +23,8 @@
 - spawned: rank 0 writes the final parameters and history to a temporary file that the caller
   reads; under torchrun every process returns its own (identical) model;
 - collectives wait at most ``timeout`` seconds; a spawned process that fails reports its
-  traceback and exits without tearing down its group (which can deadlock with work in flight).
+  traceback; spawned processes exit without tearing down their group (which can deadlock with
+  work in flight, see ``_worker``).
 
 Under torchrun (one process per GPU or CPU worker)::
 
@@ -44,6 +45,7 @@ import glob
 import math
 import os
 import socket
+import sys
 import tempfile
 import traceback
 from typing import Any
@@ -186,9 +188,16 @@ def _train_rank(rank: int, world_size: int, local_rank: int, job: dict) -> tuple
 
 def _worker(rank: int, world_size: int, job: dict, out_path: str) -> None:
     """One spawned DDP process: join the group, train shard ``rank``; rank 0 writes the
-    result to ``out_path``. A failure writes its traceback to ``out_path.rank<r>.err`` and
-    leaves at once: tearing a gloo group down with work in flight can deadlock (its destructor
-    joins a thread that waits for the GIL), so the failed process does not try."""
+    result to ``out_path``. A failure writes its traceback to ``out_path.rank<r>.err``.
+
+    Either way the process leaves with ``os._exit`` and never tears its process group down:
+    destroying a gloo group (directly, or by dropping the last DDP reducer that holds it)
+    while its worker thread still releases a finished collective deadlocks (the destructor
+    joins that thread holding the GIL, and the thread waits for the GIL; seen here on the
+    failure path and, rarely, after a successful run). The final barrier makes every rank
+    leave after the last collective of all ranks, and the operating system closes the
+    sockets."""
+    code = 0
     try:
         torch.set_num_threads(job["threads"])
         if job["backend"] == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
@@ -205,10 +214,13 @@ def _worker(rank: int, world_size: int, job: dict, out_path: str) -> None:
                         "history": trainer.history.__dict__}, out_path)
         dist.barrier()
     except BaseException:
+        code = 1
         with open(f"{out_path}.rank{rank}.err", "w") as f:
             f.write(traceback.format_exc())
-        os._exit(1)
-    dist.destroy_process_group()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _worker_error(out_path: str) -> str | None:
@@ -337,7 +349,8 @@ def train_hierarchy_distributed(graph: nx.DiGraph, dim: int | None = None,
             local_rank = int(os.environ.get("LOCAL_RANK", rank))
             trained, trainer = _train_rank(rank, world_size, local_rank, job)
             saved = {"state_dict": trained.cpu_state_dict(),
-                     "history": trainer.history.__dict__}
+                     "history": dict(trainer.history.__dict__)}
+            del trained, trainer      # DDP's reducer goes while the group is still registered
             dist.barrier()
     finally:
         if owns_group:

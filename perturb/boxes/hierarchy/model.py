@@ -13,7 +13,7 @@ computes both for a batch in one pass (one embedding lookup, one volume evaluati
 """
 from __future__ import annotations
 
-from typing import Any, Hashable, NamedTuple, Sequence
+from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -24,9 +24,16 @@ from perturb.boxes.box import Box
 from perturb.boxes.embedding import BoxEmbedding
 # TODO(intersections.py owner): export this as a public name (log(1 − P) given log P); it is
 # the only private name the hierarchy application still imports.
-from perturb.boxes.intersections import _log1m_containment, intersection, log_containment_prob
+from perturb.boxes.expected_volumes import expected_volume
+from perturb.boxes.intersections import (_log1m_containment, intersection,
+                                         log1m_containment_prob, log_containment_prob)
 from perturb.boxes.volumes import volume
 from perturb.boxes.hierarchy.config import METHODS
+from perturb.noise import Logistic, Noise, Normal
+
+#: The box models whose corners are perturbed by a noise of scale ``beta`` (expected volumes
+#: by quadrature, :func:`~perturb.boxes.expected_volume`).
+_NOISES: dict[str, Callable[[float], Noise]] = {"normal": Normal, "logistic": Logistic}
 
 __all__ = ["BoxHierarchyModel", "PairScores", "check_model"]
 
@@ -45,12 +52,17 @@ class BoxHierarchyModel(nn.Module):
     Wraps a :class:`~perturb.boxes.BoxEmbedding` (its own ``beta`` unused) and fixes how
     containment is computed: ``method="gumbel"`` (Gumbel intersection with scale ``beta``,
     expected volumes with scale ``volume_beta``; ``volume_beta=None`` uses ``beta``), ``"soft"``
-    (hard intersection, softplus volumes with ``temperature``) or ``"hard"``.
+    (hard intersection, softplus volumes with ``temperature``), ``"hard"``, or ``"normal"`` /
+    ``"logistic"``: every corner perturbed by that noise with scale ``beta`` (lower ``+ε``,
+    upper ``−ε'``), containment the ratio of expected volumes
+    (:func:`~perturb.boxes.expected_volume`, by quadrature: about 10–100× the cost of the
+    Gumbel closed form, bench/RESULTS.md).
 
     Args:
         num_nodes, dim: number of boxes and their dimension.
-        method: "gumbel", "soft" or "hard".
-        beta, volume_beta: Gumbel scales (``method="gumbel"`` only).
+        method: "gumbel", "soft", "hard", "normal" or "logistic".
+        beta, volume_beta: Gumbel scales (``method="gumbel"`` only); ``beta`` is the noise
+            scale of "normal" and "logistic".
         temperature: softplus temperature (``method="soft"`` only).
         nodes: the node labels, ``nodes[i]`` owning box ``i`` (default ``range(num_nodes)``).
         parameterisation, init, generator, dtype, device: passed to ``BoxEmbedding``.
@@ -145,7 +157,15 @@ class BoxHierarchyModel(nn.Module):
             return Box.from_min_delta(p1, p2)
         return Box.from_sigmoid(p1, p2)
 
+    @property
+    def noise(self) -> Noise | None:
+        """The corner noise of the "normal" and "logistic" models (None for the others)."""
+        kind = _NOISES.get(self.method)
+        return None if kind is None else kind(self.beta)
+
     def _box_kwargs(self) -> dict[str, Any]:
+        if self.noise is not None:
+            return {"noise": self.noise}
         if self.method == "gumbel":
             return {"beta": self.beta, "volume_beta": self.volume_beta}
         if self.method == "soft":
@@ -193,6 +213,10 @@ class BoxHierarchyModel(nn.Module):
                     log_child: torch.Tensor | None = None) -> PairScores:
         """:meth:`score_pairs` for given boxes ``(P, d)``; ``log_child``: the children's log
         volumes when known (else computed with the intersection volumes, in one call)."""
+        noise = self.noise
+        if noise is not None:          # quadrature boxes: the core functions as they are
+            return PairScores(log_containment_prob(parent, child, noise=noise),
+                              log1m_containment_prob(parent[n_pos:], child[n_pos:], noise=noise))
         inter = intersection(parent, child, self.beta if self.method == "gumbel" else None)
         if log_child is None:
             both = self._log_volume_box(Box(torch.cat([inter.lower, child.lower]),
@@ -215,6 +239,9 @@ class BoxHierarchyModel(nn.Module):
         return self._log_volume_box(self.embedding.all_boxes() if ids is None else self(ids))
 
     def _log_volume_box(self, box: Box) -> torch.Tensor:
+        noise = self.noise
+        if noise is not None:
+            return expected_volume(box, noise=noise, log=True)
         if self.method == "gumbel":
             return volume(box, "gumbel", beta=self.volume_beta or self.beta, log=True)
         if self.method == "soft":
@@ -223,7 +250,8 @@ class BoxHierarchyModel(nn.Module):
 
     def extra_repr(self) -> str:
         extra = {"gumbel": f", beta={self.beta}, volume_beta={self.volume_beta}",
-                 "soft": f", temperature={self.temperature}", "hard": ""}[self.method]
+                 "soft": f", temperature={self.temperature}", "hard": "",
+                 "normal": f", beta={self.beta}", "logistic": f", beta={self.beta}"}[self.method]
         return f"num_nodes={self.num_nodes}, dim={self.dim}, method={self.method!r}{extra}"
 
 

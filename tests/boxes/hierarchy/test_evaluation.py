@@ -18,6 +18,7 @@ from perturb.boxes.hierarchy import (
     score_all_pairs,
     transitive_closure,
 )
+from perturb.noise import Normal
 
 sklearn_metrics = pytest.importorskip("sklearn.metrics")
 
@@ -53,7 +54,7 @@ def test_best_f1_edge_cases():
 
 # ----------------------------------------------------------------------------- scoring
 
-@pytest.mark.parametrize("method", ["gumbel", "soft", "hard"])
+@pytest.mark.parametrize("method", ["gumbel", "soft", "hard", "normal"])
 def test_log_containment_matches_core(method):
     gen = torch.Generator().manual_seed(0)
     model = BoxHierarchyModel(12, 3, method, beta=0.2, volume_beta=0.3 if method == "gumbel"
@@ -64,7 +65,7 @@ def test_log_containment_matches_core(method):
         parent = torch.randint(12, (m,), generator=gen)
         ours = model.log_containment(child, parent)
         kw = {"gumbel": dict(beta=0.2, volume_beta=0.3), "soft": dict(temperature=0.5),
-              "hard": {}}[method]
+              "hard": {}, "normal": dict(noise=Normal(0.2))}[method]
         ref = log_containment_prob(model(parent), model(child), **kw)
         torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
     full = score_all_pairs(model, chunk_elements=50)      # several row chunks

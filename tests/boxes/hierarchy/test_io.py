@@ -9,7 +9,7 @@ from perturb.boxes.hierarchy import (BoxHierarchyModel, HierarchyConfig, balance
                                      load_model, save_model, train_hierarchy)
 
 
-@pytest.mark.parametrize("method", ["gumbel", "soft", "hard"])
+@pytest.mark.parametrize("method", ["gumbel", "soft", "hard", "logistic"])
 def test_save_load_round_trip(tmp_path, method):
     g = nx.relabel_nodes(balanced_tree(2, 3), {i: f"n{i}" for i in range(15)})
     cfg = HierarchyConfig(dim=3, method=method, epochs=2, batch_size=8, seed=0,

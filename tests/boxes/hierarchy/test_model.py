@@ -7,6 +7,7 @@ import torch
 
 from perturb.boxes import log1m_containment_prob, log_containment_prob
 from perturb.boxes.hierarchy import BoxHierarchyModel
+from perturb.noise import Logistic, Normal
 
 
 @pytest.mark.parametrize("parameterisation", ["center_offset", "min_delta", "sigmoid"])
@@ -18,7 +19,7 @@ def test_gather_equals_embedding(parameterisation):
     assert torch.equal(a.lower, b.lower) and torch.equal(a.upper, b.upper)
 
 
-@pytest.mark.parametrize("method", ["gumbel", "soft", "hard"])
+@pytest.mark.parametrize("method", ["gumbel", "soft", "hard", "normal", "logistic"])
 @pytest.mark.parametrize("n_pairs", [5, 40])          # per-pair and per-node child volumes
 def test_score_pairs_matches_core(method, n_pairs):
     gen = torch.Generator().manual_seed(1)
@@ -27,7 +28,8 @@ def test_score_pairs_matches_core(method, n_pairs):
     child = torch.randint(12, (n_pairs,), generator=gen)
     parent = torch.randint(12, (n_pairs,), generator=gen)
     kw = {"gumbel": dict(beta=0.2, volume_beta=0.3), "soft": dict(temperature=0.5),
-          "hard": {}}[method]
+          "hard": {}, "normal": dict(noise=Normal(0.2)),
+          "logistic": dict(noise=Logistic(0.2))}[method]
     log_p, log1m = m.score_pairs(child, parent, n_pos=2)
     pb, cb = m(parent), m(child)
     torch.testing.assert_close(log_p, log_containment_prob(pb, cb, **kw), rtol=1e-12,
