@@ -52,12 +52,12 @@ from typing import Any, Callable
 
 import torch
 
-from perturb._validation import _Flag, _Switch, check_generator
+from perturb._validation import Flag, Switch, check_generator
 from perturb.noise import Gumbel, Normal
 
 __all__ = ["set_compiled", "compiled_enabled", "relax_softmax"]
 
-_ENABLED = _Flag(os.environ.get("PERTURB_COMPILE", "1") != "0")
+_ENABLED = Flag(os.environ.get("PERTURB_COMPILE", "1") != "0")
 _FAILED = False  # set by the first failure of a compiled call: eager from then on
 _DEVICES = ("cuda",)  # device types that take the compiled path (tests add "cpu")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -70,7 +70,7 @@ def compiled_enabled() -> bool:
     return _ENABLED.value and not _FAILED
 
 
-class set_compiled(_Switch):
+class set_compiled(Switch):
     """Switch the compiled CUDA path on or off: a plain call or a context manager, like
     :func:`perturb.set_validation`.
 

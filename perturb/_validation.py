@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 import torch
 
-class _Flag:
+class Flag:
     """A process-wide boolean setting. Not per thread: autograd runs CUDA backward passes on
     its own threads, which must see the setting of the thread that built the graph."""
 
@@ -38,11 +38,11 @@ class _Flag:
         self.value = default
 
 
-class _Switch:
+class Switch:
     """Sets its ``flag`` at once; as a context manager, restores the previous value on exit
     (the ``torch.set_grad_enabled`` pattern: a plain call is never silently undone)."""
 
-    flag: _Flag
+    flag: Flag
 
     def __init__(self, enabled: bool) -> None:
         if not isinstance(enabled, bool):   # bool("false") is True: refuse strings and the like
@@ -57,7 +57,7 @@ class _Switch:
         self.flag.value = self.previous
 
 
-_VALIDATION = _Flag(True)
+_VALIDATION = Flag(True)
 # devices whose value checks are device-side asserts instead of host reads (tests add "cpu")
 _ASYNC_DEVICES = ("cuda",)
 
@@ -67,7 +67,7 @@ def validation_enabled() -> bool:
     return _VALIDATION.value
 
 
-class set_validation(_Switch):
+class set_validation(Switch):
     """Switch the value checks on or off (structural checks always run), process-wide.
 
     Like ``torch.set_grad_enabled``: a plain call switches at once and stays switched; used as
@@ -89,7 +89,7 @@ def _assert_on_device(ok: torch.Tensor, message: str) -> None:
     torch._assert_async(ok, message[:250])
 
 
-def _compiling() -> bool:
+def compiling_now() -> bool:
     """Whether ``torch.compile`` is tracing the caller (a host read there is a graph break)."""
     compiler = getattr(torch, "compiler", None)
     if compiler is not None and hasattr(compiler, "is_compiling"):
@@ -101,7 +101,7 @@ def traced(t: torch.Tensor) -> bool:
     """Whether a host read of ``t`` is impossible here: it would break a ``torch.compile``
     graph, or fail inside a ``torch.func`` transform. Data-dependent shortcuts take their
     general path there, and value checks are traced or skipped."""
-    return _compiling() or _unreadable(t)
+    return compiling_now() or unreadable(t)
 
 
 def reads_stall(t: torch.Tensor) -> bool:
@@ -112,10 +112,10 @@ def reads_stall(t: torch.Tensor) -> bool:
     return t.device.type in _ASYNC_DEVICES or traced(t)
 
 
-def _unreadable(t: torch.Tensor) -> bool:
+def unreadable(t: torch.Tensor) -> bool:
     """Inside a ``torch.func`` transform (vmap, grad, jacrev): values cannot be read, so value
     checks are skipped there (the structural checks still run)."""
-    if _compiling():  # dynamo traces through functorch itself; no wrapped tensors reach here
+    if compiling_now():  # dynamo traces through functorch itself; no wrapped tensors reach here
         return False
     return torch._C._functorch.is_functorch_wrapped_tensor(t)
 
@@ -130,7 +130,7 @@ def check_value(ok: torch.Tensor, message: str,
     check is skipped. Callers test :func:`validation_enabled` first. ``detail()``, called only
     where the value can be read without a stall, adds the offending value to the message.
     """
-    if _unreadable(ok):
+    if unreadable(ok):
         return
     if reads_stall(ok):
         _assert_on_device(ok, "perturb: " + message)
@@ -258,7 +258,7 @@ def check_finite(w: torch.Tensor, name: str = "w", *, allow_neg_inf: bool = Fals
     docstring), on the maximum with ``allow_neg_inf``, else on ``isfinite(w).all()`` (a sum
     could overflow, and a device assert cannot be taken back).
     """
-    if not w.numel() or _unreadable(w):
+    if not w.numel() or unreadable(w):
         return
     if reads_stall(w):
         # the assert runs outside no_grad: a compiled graph that fails inside a grad-mode
@@ -292,7 +292,7 @@ def check_masked_scores(w: torch.Tensor, name: str = "w", dim: int = -1) -> None
     is read (finite sum ⇒ all fine; the precise check runs only when it is not, to tell an
     overflowing sum from a bad slice): 3 dispatched ops and one host read. On CUDA a
     device-side assert on ``isfinite(max).all()``."""
-    if not w.numel() or _unreadable(w):
+    if not w.numel() or unreadable(w):
         return
     with torch.no_grad():
         top = w.amax(dim)

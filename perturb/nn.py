@@ -25,7 +25,7 @@ import torch
 
 from perturb._deprecation import renamed
 from perturb._validation import (
-    _compiling,
+    compiling_now,
     check_choice,
     check_dim,
     check_int,
@@ -253,7 +253,7 @@ class StochasticSoftmax(torch.nn.Module):
         given = self._tau_given()
         if given is not None:
             return given
-        return self._tau_tensor if _compiling() else self._tau
+        return self._tau_tensor if compiling_now() else self._tau
 
     def step(self) -> float:
         """Advance the schedule by one step and set τ = schedule(steps); returns the new τ."""

@@ -46,7 +46,7 @@ from perturb._math import log1mexp
 from perturb.boxes.box import Box, _width
 from perturb.boxes.volumes import _log_gumbel_side_length, _log_hard_volume, _sum_log_sides
 from perturb.noise import Gumbel, Noise
-from perturb.noise._quadrature import _pieces
+from perturb.noise._quadrature import gl_pieces
 
 __all__ = ["expected_volume"]
 
@@ -144,7 +144,7 @@ def _nodes(a: torch.Tensor, b: torch.Tensor, n: int, order: int
     """Nodes and weights ``(*batch, d, n·order)`` of ``n`` equal panels on [a, b]."""
     edges = a.unsqueeze(-1) + (b - a).unsqueeze(-1) * torch.linspace(
         0.0, 1.0, n + 1, dtype=_F64, device=a.device)
-    return _pieces(edges, order)
+    return gl_pieces(edges, order)
 
 
 def _log_g(lo: torch.Tensor, up: torch.Tensor, noise: Noise, x: torch.Tensor) -> torch.Tensor:

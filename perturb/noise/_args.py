@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .._validation import (_compiling, _unreadable, check_device, check_generator, check_value,
+from .._validation import (compiling_now, unreadable, check_device, check_generator, check_value,
                            validation_enabled)
 
 
@@ -90,7 +90,7 @@ def _draw_open(shape: torch.Size, generator: torch.Generator | None,
                device: torch.device | str | None, dtype: torch.dtype) -> torch.Tensor:
     u = torch.rand(shape, generator=generator, device=device, dtype=dtype)
     fi = torch.finfo(dtype)  # no cache: a cache filled on first use recompiles compiled callers
-    if _unreadable(u):                       # vmap: clamp_ has no batch rule
+    if unreadable(u):                       # vmap: clamp_ has no batch rule
         return u.clamp(fi.tiny, 1.0 - fi.eps / 2)
     return u.clamp_(fi.tiny, 1.0 - fi.eps / 2)
 
@@ -106,7 +106,7 @@ def _open_uniform(shape: torch.Size, generator: torch.Generator | None,
     Under ``torch.compile`` a ``torch.Generator`` cannot enter the graph (dynamo has no proxy
     for it): the draw with a generator then runs eagerly, one graph break at this call (see
     docs/core.md, "torch.compile and torch.func")."""
-    if generator is not None and _compiling():
+    if generator is not None and compiling_now():
         return _draw_open_eager(shape, generator, device, dtype)
     return _draw_open(shape, generator, device, dtype)
 

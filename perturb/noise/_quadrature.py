@@ -74,7 +74,7 @@ def _gl(order: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
             torch.as_tensor(w, dtype=_F64, device=device))
 
 
-def _pieces(edges: torch.Tensor, order: int, refine: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def gl_pieces(edges: torch.Tensor, order: int, refine: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Nodes and weights of ``order``-point rules on every interval between consecutive ``edges``
     (``(*batch, E)`` → ``(*batch, (E−1)·refine·order)``), each interval split into ``refine``
     equal parts; node ``k`` belongs to interval ``k // (refine·order)``."""
@@ -169,7 +169,7 @@ def _terms(noise: "Noise", theta: torch.Tensor, *, cover: str = "max", refine: i
             at = torch.cat([theta + k for k in kinks], -1)
             at = torch.minimum(torch.maximum(at, lo), hi)
             edges = torch.cat([edges.expand(*theta.shape[:-1], -1), at], -1).sort(-1).values
-        x, w = _pieces(edges, order, refine)
+        x, w = gl_pieces(edges, order, refine)
         z = x.unsqueeze(-1) - theta.unsqueeze(-2)                       # (*batch, N, d)
         log_cdf = noise.log_cdf(z)
         if floor:
@@ -180,7 +180,7 @@ def _terms(noise: "Noise", theta: torch.Tensor, *, cover: str = "max", refine: i
     edges, perm = at.sort(dim=-1, stable=True)
     rank = torch.empty_like(perm).scatter_(
         -1, perm, torch.arange(perm.shape[-1], device=perm.device).expand_as(perm))
-    x, w = _pieces(edges, order, refine)
+    x, w = gl_pieces(edges, order, refine)
     piece = torch.arange(edges.shape[-1] - 1, device=x.device).repeat_interleave(order * refine)
     piece = piece.view(*(1,) * (x.ndim - 1), -1, 1)                    # (..., N, 1)
     before = piece < rank[..., None, :d]              # piece left of θ_j + low: F = 0, f = 0

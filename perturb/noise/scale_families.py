@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 
 from .._math import EULER_GAMMA
-from .._validation import _unreadable, check_positive
+from .._validation import unreadable, check_positive
 from ._args import _as_tensor, _check_unit, _default_device, _open_uniform, _real, _sample_args
 from ._quadrature import _F64, _TAIL
 from .base import Noise, QuadratureLayout
@@ -135,7 +135,7 @@ class Gumbel(_ScaleNoise):
         if dev.type == "cuda":
             return torch.empty(shape, device=dev, dtype=dtype).exponential_(generator=generator)
         u = _open_uniform(shape, generator, dev, dtype)
-        if _unreadable(u):
+        if unreadable(u):
             return u.log_().neg_()        # under vmap: xlogy's out= variant has no batch rule
         return torch.xlogy(-1, u, out=u)  # -log U in one op
 

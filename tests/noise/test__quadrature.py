@@ -18,7 +18,7 @@ from scipy import integrate, special, stats
 
 from perturb._math import EULER_GAMMA
 from perturb.noise import Gumbel, Logistic, Noise, Normal, Uniform
-from perturb.noise._quadrature import (_TAIL, _pieces, argmax_probs, expected_max,
+from perturb.noise._quadrature import (_TAIL, gl_pieces, argmax_probs, expected_max,
                                        log_argmax_probs)
 
 F64 = torch.float64
@@ -121,7 +121,7 @@ def test_refined_rule_changes_nothing(noise):
 def test_pieces_refine_is_exact_for_polynomials():
     edges = torch.tensor([-1.0, 0.5, 2.0], dtype=F64)
     for refine in (1, 2, 5):
-        x, w = _pieces(edges, 3, refine)
+        x, w = gl_pieces(edges, 3, refine)
         assert x.shape == (2 * 3 * refine,)
         # degree-5 polynomial: exact with 3 nodes per piece
         assert (w * x ** 5).sum().item() == pytest.approx((2.0 ** 6 - 1.0) / 6, abs=1e-13)

@@ -53,7 +53,7 @@ from typing import NamedTuple
 
 import torch
 
-from perturb._validation import _compiling, traced
+from perturb._validation import compiling_now, traced
 from perturb._vmap import fold_vmap
 
 
@@ -372,7 +372,7 @@ def sinkhorn_iterate(log_k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
         # accuracy floor: rounding of the exponent, eps * max|log K| (per problem)
         floor = 4 * torch.finfo(dtype).eps * (1 + spread) * a.amax(-1)
         tol_t = torch.clamp(floor, min=tol)
-    if _compiling():  # torch.compile: no host reads, the loop a traced while_loop
+    if compiling_now():  # torch.compile: no host reads, the loop a traced while_loop
         return _iterate_traced(log_k - shift_r - shift_c, a, b, row_valid, col_valid, pad,
                                n_iters, tol_t)
     top = float(spread.max())          # one host read: float32 range, ε-scaling stages

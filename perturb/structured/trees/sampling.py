@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from perturb._deprecation import legacy_keywords
-from perturb._validation import _unreadable, check_choice, check_int
+from perturb._validation import unreadable, check_choice, check_int
 from perturb._vmap import fold_random_vmap
 from perturb.structured.trees._graph_input import _detached, _prepare
 from perturb.structured.trees.matrix_tree import _column_softmax, _compute_dtype, _solve
@@ -164,7 +164,7 @@ def sample_arborescence(w: torch.Tensor, root: int = 0, n_samples: int | None = 
     check_choice(method, SAMPLE_METHODS, "method")
     if n_samples is not None:
         check_int(n_samples, "n_samples", low=1)
-    if isinstance(w, torch.Tensor) and _unreadable(w):   # torch.func: one node (folded)
+    if isinstance(w, torch.Tensor) and unreadable(w):   # torch.func: one node (folded)
         return _TreeSample.apply(w, tau, mask, lengths, root, n_samples, generator, method,
                                  False)
     return _sample_eager(w, tau, mask, lengths, root, n_samples, generator, method, False)
@@ -205,7 +205,7 @@ def sample_spanning_tree(w: torch.Tensor, n_samples: int | None = None,
     check_choice(method, SAMPLE_METHODS, "method")
     if n_samples is not None:
         check_int(n_samples, "n_samples", low=1)
-    if isinstance(w, torch.Tensor) and _unreadable(w):
+    if isinstance(w, torch.Tensor) and unreadable(w):
         return _TreeSample.apply(w, tau, mask, lengths, None, n_samples, generator, method,
                                  True)
     return _sample_eager(w, tau, mask, lengths, None, n_samples, generator, method, True)
