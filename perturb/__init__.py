@@ -28,6 +28,7 @@ from perturb import core, perturbed_optimizers
 _sys.modules.setdefault("perturb.relax", core)
 _sys.modules.setdefault("perturb.perturbed", perturbed_optimizers)
 
+from perturb._settings import settings  # noqa: E402
 from perturb._validation import set_validation, validation_enabled  # noqa: E402
 from perturb.backward import finite_difference_solve, implicit_root, straight_through
 from perturb.categorical import (gaussian_softmax, gumbel_softmax, softmax, sparsemax,
@@ -70,7 +71,7 @@ __all__ = [
     "Regularizer", "Entropy", "SquaredNorm", "BinaryEntropy", "ExpFamilyEntropy",
     "Noise", "Gumbel", "Normal", "Gaussian", "Logistic", "Uniform", "Discrete",
     "implicit_root", "finite_difference_solve", "straight_through",
-    "set_validation", "validation_enabled",
+    "settings", "set_validation", "validation_enabled",
 ]
 # The subpackages (structured, nn, checks, boxes, distributions, latent) are attributes, not in
 # __all__: a star import must not rebind a user's `nn` (torch.nn). Nor is the function `perturb`

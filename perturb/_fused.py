@@ -46,18 +46,18 @@ warning, and that call is recomputed eagerly from the same noise.
 from __future__ import annotations
 
 import numbers
-import os
 import warnings
 from typing import Any, Callable
 
 import torch
 
-from perturb._validation import Flag, Switch, check_generator
+from perturb._settings import COMPILED, Switch
+from perturb._validation import check_generator
 from perturb.noise import Gumbel, Normal
 
 __all__ = ["set_compiled", "compiled_enabled", "relax_softmax"]
 
-_ENABLED = Flag(os.environ.get("PERTURB_COMPILE", "1") != "0")
+_ENABLED = COMPILED
 _FAILED = False  # set by the first failure of a compiled call: eager from then on
 _DEVICES = ("cuda",)  # device types that take the compiled path (tests add "cpu")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -72,7 +72,8 @@ def compiled_enabled() -> bool:
 
 class set_compiled(Switch):
     """Switch the compiled CUDA path on or off: a plain call or a context manager, like
-    :func:`perturb.set_validation`.
+    :func:`perturb.set_validation`; the one-switch spelling of
+    ``perturb.settings(compiled=...)``.
 
     Off, :func:`perturb.gumbel_softmax`, :func:`perturb.gaussian_softmax` and
     :func:`perturb.relax` run the eager composition everywhere. The environment variable

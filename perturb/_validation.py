@@ -30,34 +30,9 @@ from typing import Callable, Sequence
 
 import torch
 
-class Flag:
-    """A process-wide boolean setting. Not per thread: autograd runs CUDA backward passes on
-    its own threads, which must see the setting of the thread that built the graph."""
+from perturb._settings import VALIDATE, Switch
 
-    def __init__(self, default: bool) -> None:
-        self.value = default
-
-
-class Switch:
-    """Sets its ``flag`` at once; as a context manager, restores the previous value on exit
-    (the ``torch.set_grad_enabled`` pattern: a plain call is never silently undone)."""
-
-    flag: Flag
-
-    def __init__(self, enabled: bool) -> None:
-        if not isinstance(enabled, bool):   # bool("false") is True: refuse strings and the like
-            raise ValueError(f"enabled must be a bool, got {enabled!r}")
-        self.previous = self.flag.value
-        self.flag.value = enabled
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        self.flag.value = self.previous
-
-
-_VALIDATION = Flag(True)
+_VALIDATION = VALIDATE
 # devices whose value checks are device-side asserts instead of host reads (tests add "cpu")
 _ASYNC_DEVICES = ("cuda",)
 
@@ -68,7 +43,8 @@ def validation_enabled() -> bool:
 
 
 class set_validation(Switch):
-    """Switch the value checks on or off (structural checks always run), process-wide.
+    """Switch the value checks on or off (structural checks always run), process-wide; the
+    one-switch spelling of ``perturb.settings(validate=...)``.
 
     Like ``torch.set_grad_enabled``: a plain call switches at once and stays switched; used as
     a context manager it restores the previous setting on exit::

@@ -308,6 +308,11 @@ CATALOGUE: dict[str, list[Case]] = {
     "set_validation": [
         Case("string", lambda: perturb.set_validation("false"), "enabled"),
     ],
+    "settings": [
+        Case("validate a string", lambda: perturb.settings(validate="false"), "validate"),
+        Case("compiled an int", lambda: perturb.settings(compiled=1), "compiled"),
+        Case("cuda_graphs a string", lambda: perturb.settings(cuda_graphs="no"), "cuda_graphs"),
+    ],
     # structured --------------------------------------------------------------------------
     "Permutations": _int_cases(lambda n: St.Permutations(n_iters=n), "n_iters", 0)
     + [Case("tol < 0", lambda: St.Permutations(tol=-1.0), "tol")],

@@ -53,6 +53,7 @@ from typing import NamedTuple
 
 import torch
 
+from perturb._settings import CUDA_GRAPHS
 from perturb._validation import compiling_now, traced
 from perturb._vmap import fold_vmap
 
@@ -114,7 +115,8 @@ _EPS_BASE = 2.0   # ratio of successive ε-scaling temperatures (4 and 8 measure
 F32_FLOOR_LIMIT = 1e-4
 _F32_EPS = torch.finfo(torch.float32).eps
 
-#: Replay blocks of iterations from captured CUDA graphs (forward without autograd only).
+#: Deprecated spelling of ``perturb.settings(cuda_graphs=False)``, still honoured: graphs are
+#: replayed only while both are true.
 USE_CUDA_GRAPHS = True
 _GRAPH_CHUNK = 10
 _GRAPHS: dict = {}
@@ -122,7 +124,7 @@ _MAX_GRAPHS = 16
 
 
 def _graphs_usable(K: torch.Tensor) -> bool:
-    return (USE_CUDA_GRAPHS and K.is_cuda and not torch.is_grad_enabled()
+    return (USE_CUDA_GRAPHS and CUDA_GRAPHS.value and K.is_cuda and not torch.is_grad_enabled()
             and not torch.cuda.is_current_stream_capturing())
 
 
@@ -134,8 +136,7 @@ def _graphed_iterations(K, a_c, b_c, eu, ev, omega, n_full):
     dominates the arithmetic; a replayed graph launches a chunk at once (measured on an H100:
     64 µs → 8.7 µs per iteration at 64 x 128 x 128 float32). Graphs are cached per (shape,
     dtype, device, over-relaxation) and read/write static buffers, so results are identical to
-    the eager iterations. Disable with
-    ``perturb.structured.permutations._sinkhorn.USE_CUDA_GRAPHS = False``.
+    the eager iterations. Disable with ``perturb.settings(cuda_graphs=False)``.
     """
     chunks = n_full // _GRAPH_CHUNK
     if chunks == 0:

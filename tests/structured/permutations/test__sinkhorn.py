@@ -4,6 +4,8 @@ counts, the implicit vector–Jacobian product, CUDA graphs).
 import pytest
 import torch
 
+import perturb
+
 from perturb.structured import sinkhorn
 from perturb.structured.permutations._sinkhorn import sinkhorn_vjp
 
@@ -117,12 +119,8 @@ def test_cuda_graphs_equal_eager(omega):
     om = None if omega is None else torch.full((3, 1, 1), omega, dtype=F64).cuda()
     out = {}
     for use in (True, False):
-        S.USE_CUDA_GRAPHS = use
-        try:
-            with torch.no_grad():
-                out[use] = S._scaling_block(lk, u, v, a, b, 31, om, None, 200.0)
-        finally:
-            S.USE_CUDA_GRAPHS = True
+        with perturb.settings(cuda_graphs=use), torch.no_grad():
+            out[use] = S._scaling_block(lk, u, v, a, b, 31, om, None, 200.0)
     torch.testing.assert_close(out[True].u, out[False].u, atol=1e-12, rtol=0)
     torch.testing.assert_close(out[True].v, out[False].v, atol=1e-12, rtol=0)
     torch.testing.assert_close(out[True].error, out[False].error, atol=1e-12, rtol=0)
