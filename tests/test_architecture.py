@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "perturb"
 ARCHITECTURE = REPO / "ARCHITECTURE.md"
 
-TOOLKIT = {"perturb._validation", "perturb._math", "perturb._precision", "perturb._vmap",
-           "perturb._deprecation"}
+TOOLKIT = {"perturb._settings", "perturb._validation", "perturb._math", "perturb._precision",
+           "perturb._vmap", "perturb._deprecation"}
 CORE = {"perturb.regularizers", "perturb.structures", "perturb.core", "perturb.categorical",
         "perturb.backward", "perturb._fused", "perturb._identify"}
 
@@ -29,8 +29,6 @@ EXCEPTIONS = {
     ("perturb.distributions.perturbed", "perturb.core", "_check_structure"),
     ("perturb.distributions.perturbed", "perturb.core", "_perturb"),
     ("perturb.distributions.perturbed", "perturb.core", "_relax"),
-    ("perturb.distributions.subsets", "perturb.structured.subsets.dp", "_check_feasible"),
-    ("perturb.distributions.subsets", "perturb.structured.subsets.dp", "_check_k"),
 }
 
 

@@ -14,7 +14,7 @@ from perturb._validation import check_score_shape
 from perturb.distributions.constraints import log_potential
 from perturb.distributions.gibbs import GibbsDistribution, _masked_score, _resolve_validate
 from perturb.structured import KSubset, ksubset_log_partition, ksubset_marginals, sample_ksubset
-from perturb.structured.subsets.dp import _check_feasible, _check_k
+from perturb.structured.subsets._checks import check_feasible, check_k
 
 __all__ = ["KSubsetDistribution"]
 
@@ -59,12 +59,12 @@ class KSubsetDistribution(GibbsDistribution):
     def __init__(self, logits: torch.Tensor, k: int, validate_args: bool | None = None):
         validate = _resolve_validate(validate_args)
         check_score_shape(logits, "logits", min_ndim=1)
-        self.k = _check_k(k, logits.shape[-1])
+        self.k = check_k(k, logits.shape[-1])
         super().__init__(logits, KSubset(self.k), validate_args=validate)
         if validate and logits.numel():
             # each row needs k unmasked items: a finite k-th largest entry (no sync on CUDA)
             kth = torch.topk(logits.detach(), self.k, dim=-1).values[..., -1]
-            _check_feasible(kth, self.k, "logits")
+            check_feasible(kth, self.k, "logits")
 
     def _log_partition(self) -> torch.Tensor:
         return ksubset_log_partition(self.logits, self.k)

@@ -65,12 +65,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from perturb import _validation
 from perturb._deprecation import old_sampler_order
 from perturb._math import logaddexp2
 from perturb.backward import resolve_backward, solve_with_backward
 from perturb._validation import check_int, check_scores, check_tau, scale_by_tau
 from perturb.structured.subsets import _tree as _tree
+from perturb.structured.subsets._checks import check_feasible, check_k
 
 __all__ = ["ksubset_log_partition", "ksubset_marginals", "sample_ksubset"]
 
@@ -78,34 +78,14 @@ __all__ = ["ksubset_log_partition", "ksubset_marginals", "sample_ksubset"]
 # argument handling shared with ksubsets.py
 # --------------------------------------------------------------------------------------------
 
-def _check_k(k: int, n: int, name: str = "k") -> int:
-    """1 <= k <= n, else ValueError naming k and n."""
-    k = check_int(k, name)
-    if not 1 <= k <= n:
-        raise ValueError(f"{name} must satisfy 1 <= {name} <= n, got {name}={k} and n={n} "
-                         f"(the size of the last dim of the scores)")
-    return k
-
-
 def _scaled_scores(w: torch.Tensor, k: int, tau: float | torch.Tensor, name: str = "w"):
     """Validate (w, k, τ) and return y = w/τ (differentiable in w and τ) and k.
 
     ``-inf`` scores mask positions; NaN and ``+inf`` are rejected."""
     check_scores(w, name, min_ndim=1, allow_neg_inf=True)
-    k = _check_k(k, w.shape[-1])
+    k = check_k(k, w.shape[-1])
     check_tau(tau)
     return scale_by_tau(w, tau, 1), k
-
-
-def _check_feasible(kth: torch.Tensor, k: int, name: str = "w") -> None:
-    """Each row needs ≥ k unmasked scores, i.e. a finite k-th largest entry ``kth``.
-
-    A value check (runs while validation is on): a ValueError on CPU, a device-side assert on
-    CUDA (see :mod:`perturb._validation`)."""
-    if _validation.validation_enabled() and kth.numel():
-        _validation.check_value((kth > -math.inf).all(),
-                                f"{name} has a row with fewer than k={k} entries > -inf: no "
-                                f"k-subset has positive probability")
 
 
 def _work_dtype(y: torch.Tensor) -> torch.Tensor:
@@ -125,7 +105,7 @@ def _flat(y: torch.Tensor) -> torch.Tensor:
 def _prepare(y: torch.Tensor, k: int, name: str = "w"):
     """Shift, tilt and check feasibility; see :func:`perturb.structured.subsets._tree._tilt`."""
     ys, c, nu = _tree._tilt(y, k)
-    _check_feasible(c, k, name)
+    check_feasible(c, k, name)
     return ys, c, nu
 
 

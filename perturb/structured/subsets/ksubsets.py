@@ -46,9 +46,9 @@ from perturb.regularizers import (
     SquaredNorm,
 )
 from perturb.core import regularized_argmax
+from perturb.structured.subsets._checks import check_k
 from perturb.structured.subsets.dp import (
     MARGINAL_BACKWARDS,
-    _check_k,
     _marginals_scaled,
     _marginals_unrolled,
 )
@@ -84,7 +84,7 @@ class KSubset(Structure):
     def validate(self, w: torch.Tensor, name: str = "w") -> None:
         """Scores must be floating, finite, at least 1-D, and have n ≥ k entries."""
         super().validate(w, name)
-        _check_k(self.k, w.shape[-1])
+        check_k(self.k, w.shape[-1])
 
     def argmax(self, w: torch.Tensor) -> torch.Tensor:
         """Top-k indicator; ties go to the lowest index (stable sort)."""
@@ -98,7 +98,7 @@ class KSubset(Structure):
                   device: torch.device | str | None = None) -> torch.Tensor:
         """All C(n, k) indicators, in lexicographic order of the index sets: ``(C(n,k), n)``."""
         n = check_int(n, "n", low=1)
-        _check_k(self.k, n)
+        check_k(self.k, n)
         combos = list(itertools.combinations(range(n), self.k))
         out = torch.zeros(len(combos), n, dtype=dtype or torch.get_default_dtype(), device=device)
         index = torch.tensor(combos, dtype=torch.long, device=device)
