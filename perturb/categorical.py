@@ -56,7 +56,7 @@ from perturb._validation import (
 )
 from perturb.noise import Gumbel, Normal
 from perturb.regularizers import Entropy, ExpFamilyEntropy, Regularizer, SquaredNorm
-from perturb.core import _register_fused_relax, _regularized_argmax, _relax
+from perturb._engine import register_fused_relax, regularized_argmax_checked, relax_checked
 from perturb.structures import Simplex, register_solver
 
 __all__ = ["softmax", "sparsemax", "sparsemax_loss", "gumbel_softmax", "gaussian_softmax",
@@ -115,7 +115,7 @@ register_solver(Simplex, ExpFamilyEntropy, backward=("analytic", "unroll"),
                 description="softmax(w/τ) (A* of log Σ e^w is the negative entropy)")(
     _solve_softmax)
 # relax on the simplex with Gumbel/Normal noise: one compiled kernel each way on CUDA
-_register_fused_relax(_solve_softmax, _fused.relax_softmax)
+register_fused_relax(_solve_softmax, _fused.relax_softmax)
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def softmax(x: torch.Tensor, dim: int = -1, tau: float | torch.Tensor = 1.0,
         tensor([0.0159, 0.1173, 0.8668])
     """
     _check_logits(x, "x", dim)  # checked once, under the public argument name
-    return _along_dim(lambda v: _regularized_argmax(v, Simplex(), Entropy(), tau, backward),
+    return _along_dim(lambda v: regularized_argmax_checked(v, Simplex(), Entropy(), tau, backward),
                       x, dim, "x")
 
 
@@ -262,8 +262,9 @@ def sparsemax(x: torch.Tensor, dim: int = -1, tau: float | torch.Tensor = 1.0,
         Martins & Astudillo, "From Softmax to Sparsemax", ICML 2016, arXiv:1602.02068.
     """
     _check_logits(x, "x", dim)  # checked once, under the public argument name
-    return _along_dim(lambda v: _regularized_argmax(v, Simplex(), SquaredNorm(), tau, backward),
-                      x, dim, "x")
+    return _along_dim(
+        lambda v: regularized_argmax_checked(v, Simplex(), SquaredNorm(), tau, backward),
+        x, dim, "x")
 
 
 def sparsemax_loss(x: torch.Tensor, target: torch.Tensor, dim: int = -1,
@@ -356,8 +357,8 @@ def _stochastic_softmax(logits: torch.Tensor, noise, tau, hard: bool, dim: int,
         raise ValueError(f"hard must be a bool, got {hard!r}")
     d = check_dim(logits, dim, "dim")
     last = d == logits.ndim - 1
-    y = _relax(logits if last else logits.movedim(d, -1), _SIMPLEX, noise, _ENTROPY, tau, hard,
-               None, generator, "auto")
+    y = relax_checked(logits if last else logits.movedim(d, -1), _SIMPLEX, noise, _ENTROPY, tau,
+                      hard, None, generator, "auto")
     return y if last else y.movedim(-1, d)
 
 

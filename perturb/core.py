@@ -23,48 +23,24 @@ argmax to the solver registered for (structure, regularizer) (:mod:`perturb.stru
 ``relax(θ, ...)`` is exactly ``regularized_argmax(perturb(θ, ...), ...)``: the same generator
 state gives the same noise in all of them.
 
-A solver may come with a fused implementation of the whole ``relax`` call (registered with
-:func:`_register_fused_relax`; the simplex softmax has a compiled one for CUDA,
-:mod:`perturb._fused`). It draws the same noise from the generator and is used only where it
-applies; it then agrees with the composition up to float rounding instead of bitwise.
+The checked arguments go to the engine (:mod:`perturb._engine`). A solver may come with a fused
+implementation of the whole ``relax`` call (:func:`perturb._engine.register_fused_relax`; the
+simplex softmax has a compiled one for CUDA, :mod:`perturb._fused`). It draws the same noise
+from the generator and is used only where it applies; it then agrees with the composition up
+to float rounding instead of bitwise.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
-from perturb._precision import full_precision
-from perturb._validation import check_choice, check_generator, check_int, check_scores, check_tau
-from perturb.backward import BACKWARD_MODES, resolve_backward, solve_with_backward, straight_through
-from perturb.noise import Discrete, Gumbel, Logistic, Noise, Normal, Uniform
-from perturb.noise._args import draw
+from perturb._engine import (check_structure, perturb_checked, regularized_argmax_checked,
+                             relax_checked)
+from perturb._validation import check_scores, check_tau
+from perturb.noise import Noise
 from perturb.regularizers import Regularizer
-from perturb.structures import Simplex, SolverEntry, Structure, get_solver
+from perturb.structures import Simplex, Structure
 
 __all__ = ["perturb", "argmax", "regularized_argmax", "relax"]
-
-# built-in noises whose samples are finite by construction: θ + ε needs no second value check
-_FINITE_NOISES = (Gumbel, Normal, Logistic, Uniform, Discrete)
-
-# solver -> fused relax(theta, noise, tau, hard, generator), returning None where it does not apply
-_FUSED_RELAX: dict[Callable, Callable] = {}
-
-
-def _register_fused_relax(solver: Callable, fused: Callable) -> None:
-    """Let ``relax`` call ``fused(theta, noise, tau, hard, generator)`` for ``solver``'s pairs.
-
-    ``fused`` returns the sample, or None when it does not apply (then the composition runs).
-    It must draw the noise as ``noise.sample`` does, so that the generator advances alike.
-    Registering another solver for a pair drops the fused path with the old solver.
-    """
-    _FUSED_RELAX[solver] = fused
-
-
-def _check_structure(structure: Structure) -> None:
-    if not isinstance(structure, Structure):
-        raise ValueError(f"structure must be a perturb Structure (e.g. Simplex()), "
-                         f"got {structure!r}")
 
 
 def perturb(theta: torch.Tensor, noise: Noise | None = None, n_samples: int | None = None,
@@ -82,22 +58,7 @@ def perturb(theta: torch.Tensor, noise: Noise | None = None, n_samples: int | No
     ``(n_samples, *batch, *event)``. dtype and device follow ``theta``.
     """
     check_scores(theta, "theta", min_ndim=0, allow_neg_inf=True)
-    return _perturb(theta, noise, n_samples, generator)
-
-
-def _perturb(theta: torch.Tensor, noise: Noise | None, n_samples: int | None,
-             generator: torch.Generator | None) -> torch.Tensor:
-    """:func:`perturb` without the pass over ``theta`` (for callers that validated it)."""
-    noise = Gumbel() if noise is None else noise
-    shape = theta.shape
-    if n_samples is not None:
-        check_int(n_samples, "n_samples", low=1)
-        shape = torch.Size((n_samples, *shape))
-    if type(noise) is Gumbel:
-        # θ − β·log E is bitwise θ + Gumbel.sample(...) (same draws), without the negation pass
-        check_generator(generator)
-        return theta - noise._log_exponential(shape, generator, theta.device, theta.dtype)
-    return theta + draw(noise, shape, generator, theta.device, theta.dtype)
+    return perturb_checked(theta, noise, n_samples, generator)
 
 
 def argmax(w: torch.Tensor, structure: Structure | None = None) -> torch.Tensor:
@@ -106,38 +67,10 @@ def argmax(w: torch.Tensor, structure: Structure | None = None) -> torch.Tensor:
     Shape: ``(*batch, *event)`` -> same; dtype and device follow ``w``.
     """
     structure = Simplex() if structure is None else structure
-    _check_structure(structure)
+    check_structure(structure)
     structure.validate(w)
     with torch.no_grad():
         return structure.argmax(w.detach())
-
-
-def _resolve(structure: Structure, regularizer: Regularizer | None,
-             backward: str) -> tuple[Regularizer, SolverEntry, str]:
-    """The regularizer (default filled in), the registered solver and the backward mode to run.
-
-    The mode is the solver's native one for ``"auto"``; ``"finite_difference"`` stays as asked
-    when the solver has no native finite differences (:func:`_solve` wraps it).
-    """
-    regularizer = structure.default_regularizer() if regularizer is None else regularizer
-    if not isinstance(regularizer, Regularizer):
-        raise ValueError(f"regularizer must be a perturb Regularizer, got {regularizer!r}")
-    if backward != "auto":
-        check_choice(backward, BACKWARD_MODES, "backward")   # before looking the pair up
-    entry = get_solver(structure, regularizer)
-    mode = resolve_backward(backward, entry.backward, f"({structure!r}, {regularizer!r})")
-    return regularizer, entry, mode
-
-
-@full_precision
-def _solve(entry: SolverEntry, mode: str, w: torch.Tensor, structure: Structure,
-           regularizer: Regularizer, tau: float | torch.Tensor) -> torch.Tensor:
-    """Run a resolved solver on checked arguments: float16 / bfloat16 scores (and autocast
-    regions) in float32, the result in the scores' dtype (:mod:`perturb._precision`)."""
-    solver = entry.solver
-    assert solver is not None  # _resolve raised for the pairs registered as impossible
-    return solve_with_backward(lambda v, m: solver(v, structure, regularizer, tau, m), w,
-                               mode, entry.backward, structure.event_dim, {"tau": tau})
 
 
 def regularized_argmax(w: torch.Tensor, structure: Structure | None = None,
@@ -160,21 +93,11 @@ def regularized_argmax(w: torch.Tensor, structure: Structure | None = None,
         NotImplementedError: the (structure, regularizer) pair has no solver or is intractable.
     """
     structure = Simplex() if structure is None else structure
-    _check_structure(structure)
+    check_structure(structure)
     if regularizer is not None and not isinstance(regularizer, Regularizer):
         raise ValueError(f"regularizer must be a perturb Regularizer, got {regularizer!r}")
     structure.validate(w)
-    return _regularized_argmax(w, structure, regularizer, tau, backward)
-
-
-def _regularized_argmax(w: torch.Tensor, structure: Structure,
-                        regularizer: Regularizer | None, tau: float | torch.Tensor,
-                        backward: str) -> torch.Tensor:
-    """:func:`regularized_argmax` for callers that validated ``w`` and ``structure`` under
-    their own argument names (τ, the regularizer and the mode are checked here)."""
-    check_tau(tau)
-    regularizer, entry, mode = _resolve(structure, regularizer, backward)
-    return _solve(entry, mode, w, structure, regularizer, tau)
+    return regularized_argmax_checked(w, structure, regularizer, tau, backward)
 
 
 def relax(theta: torch.Tensor, structure: Structure | None = None, noise: Noise | None = None,
@@ -204,40 +127,17 @@ def relax(theta: torch.Tensor, structure: Structure | None = None, noise: Noise 
 
     Example::
 
+        >>> from perturb.noise import Normal
         >>> theta = torch.randn(4, 10, requires_grad=True)
         >>> x = relax(theta, tau=0.5)                      # Gumbel-softmax
         >>> y = relax(theta, noise=Normal(), hard=True)    # straight-through Gaussian-argmax
     """
     structure = Simplex() if structure is None else structure
-    _check_structure(structure)
+    check_structure(structure)
     if not isinstance(hard, bool):
         raise ValueError(f"hard must be a bool, got {hard!r}")
     structure.validate(theta, "theta")
     check_tau(tau)
-    return _relax(theta, structure, noise, regularizer, tau, hard, n_samples, generator, backward)
+    return relax_checked(theta, structure, noise, regularizer, tau, hard, n_samples, generator, backward)
 
 
-def _relax(theta: torch.Tensor, structure: Structure, noise: Noise | None,
-           regularizer: Regularizer | None, tau: float | torch.Tensor, hard: bool,
-           n_samples: int | None, generator: torch.Generator | None,
-           backward: str) -> torch.Tensor:
-    """:func:`relax` after the checks of ``theta``, ``tau`` and ``hard``."""
-    noise = Gumbel() if noise is None else noise
-    regularizer, entry, mode = _resolve(structure, regularizer, backward)
-    if n_samples is None and mode == entry.backward[0]:
-        fused = _FUSED_RELAX.get(entry.solver) if entry.solver is not None else None
-        if fused is not None:
-            y = fused(theta, noise, tau, hard, generator)
-            if y is not None:
-                return y
-    u = _perturb(theta, noise, n_samples, generator)
-    if type(noise) not in _FINITE_NOISES:
-        structure.validate(u, "theta + noise")
-    soft = _solve(entry, mode, u, structure, regularizer, tau)
-    if not hard:
-        return soft
-    with torch.no_grad():
-        # Simplex.argmax is plain torch: no detach needed under no_grad (other structures may
-        # hand w to numpy, which refuses tensors that require grad)
-        exact = structure.argmax(u if type(structure) is Simplex else u.detach())
-    return straight_through(exact, soft)

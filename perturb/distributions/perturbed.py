@@ -46,7 +46,7 @@ from perturb.distributions.gibbs import (_resolve_validate, _sample_count, _scor
 from perturb.noise import Gumbel, Noise
 from perturb.noise._args import check_noise
 from perturb.regularizers import Regularizer
-from perturb.core import _FINITE_NOISES, _check_structure, _perturb, _relax
+from perturb._engine import FINITE_NOISES, check_structure, perturb_checked, relax_checked
 from perturb.backward import BACKWARD_MODES
 from perturb.structures import Simplex, Structure
 
@@ -72,7 +72,7 @@ class _PerturbedBase(Distribution):
         name = type(self).__name__
         logits = _scores_argument(name, logits, "theta", theta)
         validate = _resolve_validate(validate_args)
-        _check_structure(structure)  # type: ignore[arg-type]
+        check_structure(structure)  # type: ignore[arg-type]
         assert structure is not None  # (checked)
         noise = Gumbel() if noise is None else noise
         check_noise(noise)
@@ -110,8 +110,8 @@ class _PerturbedBase(Distribution):
         out_shape = shape + self.batch_shape + self.event_shape
         if count == 0:
             return self.logits.new_zeros(out_shape)
-        x = _relax(self.logits, self.structure, self.noise, self.regularizer, self.tau, hard,
-                   count if shape else None, generator, self.backward)
+        x = relax_checked(self.logits, self.structure, self.noise, self.regularizer, self.tau,
+                          hard, count if shape else None, generator, self.backward)
         return x.reshape(out_shape)
 
     def expand(self, batch_shape: _size, _instance: Any = None) -> Any:
@@ -203,8 +203,9 @@ class PerturbedStructure(_PerturbedBase):
         if count == 0:
             return self.logits.new_zeros(out_shape)
         with torch.no_grad():
-            u = _perturb(self.logits.detach(), self.noise, count if shape else None, generator)
-            if type(self.noise) not in _FINITE_NOISES:
+            u = perturb_checked(self.logits.detach(), self.noise, count if shape else None,
+                                generator)
+            if type(self.noise) not in FINITE_NOISES:
                 self.structure.validate(u, "logits + noise")
             return self.structure.argmax(u).reshape(out_shape)
 
