@@ -63,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--methods", nargs="+", default=list(METHODS),
                    choices=METHODS + NOISE_METHODS,
                    help="box models (normal, logistic: corners perturbed by that noise)")
+    p.add_argument("--noise", nargs="+", default=None, choices=("gumbel",) + NOISE_METHODS,
+                   help="the box models named by their corner noise (replaces --methods)")
     p.add_argument("--noise-scale", type=float, default=0.1,
                    help="scale of the corner noise of the normal and logistic boxes")
     p.add_argument("--dims", nargs="+", type=int, default=None, help="default 8 4 (quick: 4 2)")
@@ -119,7 +121,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seeds for the full noun hierarchy (default: --seeds)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (per process with --world-size)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.noise:
+        args.methods = list(args.noise)
+    return args
 
 
 def train_phased(graph, dim, method, args, epochs, negatives, seed, hp, eval_fn=None,

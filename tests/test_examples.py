@@ -292,10 +292,11 @@ def test_box_hierarchy_nested_start_and_denormal_mode(tmp_path):
 
 @pytest.mark.slow
 def test_box_hierarchy_noise_boxes(tmp_path):
-    """--methods normal logistic: boxes perturbed by Normal / Logistic noise (expected volumes
-    by quadrature) train through the example and score the small tree."""
+    """--noise normal logistic (the same as --methods normal logistic): boxes perturbed by
+    Normal / Logistic noise (expected volumes by quadrature) train through the example and
+    score the small tree."""
     r = load("box_hierarchy").main(["--quick", "--out", str(tmp_path), "--no-progress",
-                                    "--methods", "normal", "logistic", "--dims", "2",
+                                    "--noise", "normal", "logistic", "--dims", "2",
                                     "--height", "3", "--epochs", "20", "--negatives", "4",
                                     "--noise-scale", "0.05", "--no-wordnet", "--seeds", "1"])
     rows = {row["method"]: row for row in r["rows"]}
