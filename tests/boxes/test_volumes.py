@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from perturb._validation import set_validation
 from perturb.boxes import EULER_GAMMA, Box, gumbel_side_length, volume
-from perturb.boxes.volumes import _log_k0_exp_backward, _LogK0Exp, _u_max
+from perturb.boxes._bessel import _LogK0Exp, _u_max
 
 SEPARATIONS = [-3.0, -1.0, -0.5, -0.1, 0.0, 0.2, 1.0, 2.5, 10.0]
 BETAS = [0.05, 0.3, 1.0, 2.0]
@@ -181,11 +181,6 @@ def test_beyond_representable_range_is_tangent_continuation(dtype):
 
 
 # ---------------------------------------------------------------------- custom backward
-def test_log_k0_exp_gradcheck_all_regimes():
-    um = _u_max(torch.float64)
-    u = torch.tensor([-60.0, -20.5, -19.5, -5.0, -0.3, 0.0, 1.2, 4.0, 40.0, 300.0, um + 3.0],
-                     dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(_LogK0Exp.apply, (u,), eps=1e-6, atol=1e-8, rtol=1e-6)
 
 
 def test_log_side_slope_matches_scipy_and_gradcheck():
@@ -208,100 +203,6 @@ def test_log_side_slope_matches_scipy_and_gradcheck():
                      dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: _LogNegGPrime.apply(t)[0], (u,), eps=1e-6,
                                     atol=1e-8, rtol=1e-6)
-
-
-def test_log_k0_exp_backward_helper_matches_scipy():
-    u = np.array([-30.0, -19.0, -3.0, 0.0, 2.0, 50.0])
-    z = np.exp(u)
-    want = -z * sp.k1e(z) / sp.k0e(z)
-    ut = torch.tensor(u, dtype=torch.float64)
-    got = _log_k0_exp_backward(ut, torch.ones_like(ut))
-    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
-    # the value as well
-    np.testing.assert_allclose(_LogK0Exp.apply(ut).numpy(), np.log(sp.k0e(z)) - z, rtol=1e-13)
-
-
-def test_log_k0_exp_continuous_across_regimes():
-    for edge in (-20.0, _u_max(torch.float64)):
-        u = torch.tensor([edge - 1e-9, edge + 1e-9], dtype=torch.float64)
-        v = _LogK0Exp.apply(u)
-        g = _log_k0_exp_backward(u, torch.ones_like(u))
-        assert abs(v[1] - v[0]).item() < 1e-8 * max(1.0, abs(v[0].item()))
-        assert abs(g[1] - g[0]).item() < 1e-7 * max(1.0, abs(g[0].item()))
-
-
-def _torch_special_g_q(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """g = log K0(e^u), q = z K1/K0 straight from torch.special (the previous evaluation)."""
-    z = torch.exp(u)
-    k0e = torch.special.scaled_modified_bessel_k0(z)
-    return torch.log(k0e) - z, z * torch.special.scaled_modified_bessel_k1(z) / k0e
-
-
-def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float(((got.double() - want).abs() / want.abs().clamp(min=1.0)).max())
-
-
-def test_table_matches_torch_special_on_a_dense_grid():
-    """The stated bounds of the piecewise-polynomial evaluation of g = log K0(e^u) and
-    q = −g' over the whole table range (400,001 points, about 50 per interval): float64
-    within 4e-15 (absolute on g for |g| <= 1, relative beyond; relative on q); float32 within
-    2 eps of the float64 values at the same (float32) arguments."""
-    from perturb.boxes.volumes import _log_k0_exp
-    u = torch.linspace(-20.0, 36.0, 400_001, dtype=torch.float64)
-    g, q = _log_k0_exp(u)
-    g_ref, q_ref = _torch_special_g_q(u)
-    assert _rel(g, g_ref) < 4e-15
-    assert float(((q - q_ref) / q_ref).abs().max()) < 4e-15
-    u32 = u.float()
-    g32, q32 = _log_k0_exp(u32)
-    g_ref, q_ref = _torch_special_g_q(u32.double())
-    eps = torch.finfo(torch.float32).eps
-    assert _rel(g32, g_ref) < 2 * eps
-    assert float(((q32.double() - q_ref) / q_ref).abs().max()) < 2 * eps
-
-
-def test_table_matches_mpmath():
-    mpmath = pytest.importorskip("mpmath")
-    from perturb.boxes.volumes import _log_k0_exp, _log_neg_g_prime
-    us = torch.linspace(-25.0, 45.0, 281, dtype=torch.float64)
-    g_want, q_want, b_want = [], [], []
-    with mpmath.workdps(40):
-        for x in us.tolist():
-            z = mpmath.exp(mpmath.mpf(x))
-            k0, k1 = mpmath.besselk(0, z), mpmath.besselk(1, z)
-            g_want.append(float(mpmath.log(k0)))
-            q_want.append(float(z * k1 / k0))
-            b_want.append(float(z * (k1 / k0 - 1)))      # q − z, where the direct form cancels
-    g_want, q_want, b_want = (torch.tensor(v, dtype=torch.float64)
-                              for v in (g_want, q_want, b_want))
-    g, q = _log_k0_exp(us)
-    assert _rel(g, g_want) < 4e-15
-    assert float(((q - q_want) / q_want).abs().max()) < 4e-15
-    # h' = B (q + z)/q uses the table's B directly: accurate where q − z would cancel
-    z = torch.exp(us)
-    slope_want = b_want * (q_want + z) / q_want
-    slope_want = torch.where(us < -20, q_want, slope_want)
-    _, slope = _log_neg_g_prime(us)
-    assert float(((slope - slope_want) / slope_want).abs().max()) < 2e-14
-
-
-def test_table_pieces_join_and_chunks_agree(monkeypatch):
-    import importlib
-    vol = importlib.import_module("perturb.boxes.volumes")
-    # both sides of the interval ends u = (k + 1/2)/8: the pieces interpolate at the ends
-    # (Chebyshev–Lobatto nodes), so each jump is the reference's own change over 2e-9
-    ends = -20.0 + 0.125 * (torch.arange(448, dtype=torch.float64) + 0.5)
-    (gl, ql), (gr, qr) = (vol._log_k0_exp(ends + d) for d in (-1e-9, 1e-9))
-    (gl_ref, ql_ref), (gr_ref, qr_ref) = (_torch_special_g_q(ends + d) for d in (-1e-9, 1e-9))
-    scale = gl_ref.abs().clamp(min=1.0)
-    assert float((((gr - gl) - (gr_ref - gl_ref)) / scale).abs().max()) < 1e-14
-    assert float((((qr - ql) - (qr_ref - ql_ref)) / qr_ref).abs().max()) < 1e-14
-    u = torch.linspace(-30.0, 80.0, 10_001)
-    whole = vol._log_k0_exp(u)
-    monkeypatch.setattr(vol, "_CHUNK", 4096)        # 512 elements per chunk
-    chunked = vol._log_k0_exp(u)
-    for a, b in zip(whole, chunked):
-        assert torch.equal(a, b)
 
 
 def test_side_length_gradcheck_in_lower_upper_and_beta():

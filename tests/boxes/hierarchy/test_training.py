@@ -165,6 +165,7 @@ def test_step_reads_nothing_back(monkeypatch):
     import perturb.boxes  # noqa: F401  (the submodules below are shadowed by functions)
     vol, inter = sys.modules["perturb.boxes.volumes"], sys.modules["perturb.boxes.intersections"]
     monkeypatch.setattr(vol, "_any", lambda cond: True)
+    monkeypatch.setattr(sys.modules["perturb.boxes._bessel"], "_any", lambda cond: True)
     monkeypatch.setattr(inter, "reads_stall", lambda t: True)
     gen = torch.Generator().manual_seed(0)
     n = 300
