@@ -43,11 +43,8 @@ from perturb._validation import (
 from perturb.backward import resolve_backward, solve_with_backward
 from perturb.noise import Gumbel, Noise
 from perturb.core import perturb
-from perturb.structured.permutations._sinkhorn import (
-    _masked_log_kernel,
-    _SinkhornImplicit,
-    sinkhorn_iterate,
-)
+from perturb.structured.permutations._sinkhorn import _masked_log_kernel, sinkhorn_iterate
+from perturb.structured.permutations._sinkhorn_vjp import _SinkhornImplicit
 
 __all__ = ["sinkhorn", "gumbel_sinkhorn", "SinkhornConvergenceWarning"]
 
