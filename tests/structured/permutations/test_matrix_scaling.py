@@ -426,7 +426,11 @@ def test_accelerated_and_eps_scaling_equal_plain(n, m, batch, tau, kind, seed):
             mask[..., torch.arange(min(n, m)), torch.arange(min(n, m))] = True
             mask[..., :, 0] = True
             mask[..., 0, :] = True
-            kw["mask"] = mask
+            # marginals of a positive plan on the mask: random (a, b) can be infeasible under
+            # the mask (a column allowed in one row only, needing more than that row has), and
+            # then no method converges and their plans differ (hypothesis found n=3, m=5)
+            plan = (torch.rand(batch, n, m, generator=g, dtype=F64) + 0.2) * mask
+            kw = dict(a=plan.sum(-1), b=plan.sum(-2), mask=mask)
     w = torch.randn(batch, n, m, generator=g, dtype=F64)
     run = dict(tau=tau, n_iters=200000, tol=1e-12, **kw)
     plain = sinkhorn(w, accelerate=False, **run)
