@@ -19,7 +19,7 @@ the corners is enforced.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -274,26 +274,36 @@ class Box:
 
 def _broadcast_boxes(a: Box, b: Box, names: tuple[str, str] = ("a", "b")) -> tuple[Box, Box]:
     """Check two boxes share dim/dtype/device and broadcast their batch shapes."""
-    for box, name in zip((a, b), names):
+    a, b = _broadcast_all((a, b), names)
+    return a, b
+
+
+def _broadcast_all(boxes: tuple[Box, ...], names: Sequence[str]) -> tuple[Box, ...]:
+    """Check that ``boxes`` (named ``names`` in the errors) share dim/dtype/device with the
+    first one and broadcast their batch shapes."""
+    for box, name in zip(boxes, names):
         if not isinstance(box, Box):
             raise ValueError(f"{name} must be a Box, got {type(box).__name__}")
-    if a.dim != b.dim:
-        raise ValueError(f"{names[0]} and {names[1]} must live in the same dimension, got "
-                         f"d={a.dim} and d={b.dim}")
-    if a.dtype != b.dtype:
-        raise ValueError(f"{names[0]} and {names[1]} must have the same dtype, got {a.dtype} "
-                         f"and {b.dtype}")
-    if a.device != b.device:
-        raise ValueError(f"{names[0]} and {names[1]} must be on the same device, got "
-                         f"{a.device} and {b.device}")
-    if a.batch_shape != b.batch_shape:
+    first, head = boxes[0], names[0]
+    for box, name in zip(boxes[1:], names[1:]):
+        if box.dim != first.dim:
+            raise ValueError(f"{head} and {name} must live in the same dimension, got "
+                             f"d={first.dim} and d={box.dim}")
+        if box.dtype != first.dtype:
+            raise ValueError(f"{head} and {name} must have the same dtype, got {first.dtype} "
+                             f"and {box.dtype}")
+        if box.device != first.device:
+            raise ValueError(f"{head} and {name} must be on the same device, got "
+                             f"{first.device} and {box.device}")
+    shapes = [box.batch_shape for box in boxes]
+    if any(shape != shapes[0] for shape in shapes):
         try:
-            shape = torch.broadcast_shapes(a.batch_shape, b.batch_shape)
+            shape = torch.broadcast_shapes(*shapes)
         except RuntimeError:
-            raise ValueError(f"{names[0]} and {names[1]} must have broadcastable batch shapes, "
-                             f"got {tuple(a.batch_shape)} and {tuple(b.batch_shape)}") from None
-        a, b = a.expand(*shape), b.expand(*shape)
-    return a, b
+            raise ValueError(f"{' and '.join(names)} must have broadcastable batch shapes, "
+                             f"got {' and '.join(str(tuple(s)) for s in shapes)}") from None
+        boxes = tuple(box.expand(*shape) for box in boxes)
+    return boxes
 
 
 def join(a: Box, b: Box) -> Box:

@@ -43,9 +43,10 @@ from typing import Callable
 import torch
 
 from perturb._math import log1mexp
-from perturb.boxes.box import Box, _width
+from perturb.boxes.box import Box, _broadcast_all, _width
 from perturb.boxes.volumes import _log_gumbel_side_length, _log_hard_volume, _sum_log_sides
 from perturb.noise import Gumbel, Noise
+from perturb.noise._args import check_noise
 from perturb.noise._quadrature import gl_pieces
 
 __all__ = ["expected_volume"]
@@ -70,6 +71,8 @@ def check_box_noise(noise: object, name: str = "noise") -> None:
     an unbounded support (what the quadrature of this module needs)."""
     if noise is None:
         return
+    if isinstance(noise, type):
+        check_noise(noise, name)            # the class for an instance: says what to pass
     if not isinstance(noise, Noise):
         raise ValueError(f"{name} must be a perturb.noise.Noise (e.g. Gumbel(scale=0.1), "
                          f"Normal(0.1)) or None for hard boxes, got {type(noise).__name__}")
@@ -103,21 +106,20 @@ def _log_sides(lo: torch.Tensor, up: torch.Tensor, noise: Noise) -> torch.Tensor
     low, high, width = float(layout.low), float(layout.high), float(layout.width)
     left, right = lo.detach().amax(0), up.detach().amin(0)
     wide = (right - left) >= 2.0 * (high - low)
-    out = torch.empty_like(left)
+    bulk = None
     if bool(wide.any()):
         # E[min U] − E[max L], about a reference point so that far-away boxes keep their digits
         c = left.unsqueeze(0)
         e_max_l = noise.expected_max((lo - c).movedim(0, -1))
         e_min_u = -noise.expected_max((c - up).movedim(0, -1))
-        side = torch.where(wide, e_min_u - e_max_l, torch.ones_like(left))
-        out = torch.log(side)
-    if bool(wide.all()):
-        return out
+        bulk = torch.log(torch.where(wide, e_min_u - e_max_l, torch.ones_like(left)))
+        if bool(wide.all()):
+            return bulk
     a = torch.minimum(left, right) + low
     b = torch.maximum(left, right) - low
     a, b = torch.where(wide, left, a), torch.where(wide, left + width, b)     # unused there
     direct = _log_integral(lambda x: _log_g(lo, up, noise, x), a, b, width, int(layout.order))
-    return torch.where(wide, out, direct)
+    return direct if bulk is None else torch.where(wide, bulk, direct)
 
 
 def _log_integral(log_fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor,
@@ -127,7 +129,8 @@ def _log_integral(log_fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tenso
     ``_ZOOMS`` passes that narrow [a, b] onto the peak (:func:`_zoom`, without autograd).
     ``log_fn`` maps nodes ``(*batch, d, K)`` to the log integrand there."""
     def panels(a: torch.Tensor, b: torch.Tensor, least: int) -> int:
-        return min(_MAX_PANELS, max(least, math.ceil(float((b - a).max()) / width)))
+        span = float((b - a).max()) if a.numel() else 0.0         # an empty batch: any grid
+        return min(_MAX_PANELS, max(least, math.ceil(span / width)))
 
     n = panels(a, b, 1)
     for _ in range(_ZOOMS):
@@ -250,20 +253,7 @@ def _check_boxes(boxes: tuple[Box, ...]) -> tuple[list[torch.Tensor], list[torch
     """The corners of ``boxes`` broadcast to one batch shape (same d, dtype, device)."""
     if not boxes:
         raise ValueError("expected_volume needs at least one box")
-    for i, box in enumerate(boxes):
-        if not isinstance(box, Box):
-            raise ValueError(f"boxes[{i}] must be a Box, got {type(box).__name__}")
-        for name, other in (("dim", box.dim), ("dtype", box.dtype), ("device", box.device)):
-            first = getattr(boxes[0], name)
-            if other != first:
-                raise ValueError(f"boxes[{i}] has {name} {other}, boxes[0] has {first}: all "
-                                 f"boxes must share d, dtype and device")
-    try:
-        shape = torch.broadcast_shapes(*(b.batch_shape for b in boxes))
-    except RuntimeError:
-        raise ValueError(f"the boxes' batch shapes do not broadcast: "
-                         f"{[tuple(b.batch_shape) for b in boxes]}") from None
-    boxes = tuple(b.expand(*shape) for b in boxes)
+    boxes = _broadcast_all(boxes, [f"boxes[{i}]" for i in range(len(boxes))])
     return [b.lower for b in boxes], [b.upper for b in boxes]
 
 

@@ -231,6 +231,7 @@ class _NoCdf(Noise):
     (_NoCdf(), "lacks has_cdf, has_log_prob"),
     (Uniform(), "bounded support"),
     ("gumbel", "must be a perturb.noise.Noise"),
+    (Normal, r"got the class Normal; pass noise=Normal\(\)"),
 ])
 def test_noise_without_what_the_quadrature_needs(noise, match):
     a, b = _boxes(9)
@@ -296,3 +297,28 @@ def test_log1m_containment_of_nested_pairs_matches_mpmath(kind, s, depths):
                                                    noise=noise))
         assert float(g) != 0 and float(g) == pytest.approx((f(lb + h) - f(lb - h)) / (2 * h),
                                                            rel=1e-5)
+
+
+def test_log1m_with_unbounded_and_bounded_pairs_in_one_batch():
+    """An unbounded pair takes the limit log(1 − P) from log P; the bounded pairs of the same
+    batch keep the direct integral (equal to what they give alone)."""
+    inf = math.inf
+    a = Box(torch.tensor([[0.0, 0.0], [-inf, 0.0]], dtype=F64),
+            torch.tensor([[1.0, 1.0], [inf, 1.0]], dtype=F64))
+    b = Box(torch.tensor([[0.2, 0.3], [0.2, 0.3]], dtype=F64),
+            torch.tensor([[0.7, 0.6], [0.7, 0.6]], dtype=F64))
+    noise = Normal(0.05)
+    out = log1m_containment_prob(a, b, noise=noise)
+    alone = log1m_containment_prob(a[:1], b[:1], noise=noise)
+    torch.testing.assert_close(out[:1], alone, rtol=1e-12, atol=0)
+    log_p = log_containment_prob(a[1:], b[1:], noise=noise)
+    torch.testing.assert_close(out[1:], torch.log(-torch.expm1(log_p)))
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("noise", [Normal(0.1), Logistic(0.1), Gumbel(0.1)])
+def test_empty_batches(noise):
+    empty = Box(torch.zeros(0, 3, dtype=F64), torch.ones(0, 3, dtype=F64))
+    assert expected_volume(empty, empty, noise=noise).shape == (0,)
+    assert log1m_containment_prob(empty, empty, noise=noise).shape == (0,)
+    assert containment_prob(empty, empty, noise=noise).shape == (0,)
