@@ -411,29 +411,33 @@ def log1m_containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = N
         tensor(-41.5500)
     """
     beta, noise = _resolve_noise(noise, beta, volume_beta, temperature, approx)
-    log_p = log_containment_prob(a, b, beta, volume_beta, temperature=temperature,
-                                 approx=approx, noise=noise)
     if noise is not None:
-        return _log1m_noise(log_p, a, b, noise)
+        return _log1m_noise(a, b, noise)
+    log_p = log_containment_prob(a, b, beta, volume_beta, temperature=temperature,
+                                 approx=approx)
     return _log1m_containment(log_p, a, b, beta,
                               beta if volume_beta is None else volume_beta, approx)
 
 
-def _log1m_noise(log_p: torch.Tensor, a: Box, b: Box, noise: Noise) -> torch.Tensor:
+def _log1m_noise(a: Box, b: Box, noise: Noise) -> torch.Tensor:
     """log(1 − P) under a quadrature noise: the direct integral of what b loses in the
     intersection (:func:`~perturb.boxes.expected_volumes._log1m_ratio`) for pairs with finite
-    corners, ``log1mexp(log P)`` for the unbounded ones (their limit)."""
+    corners, ``log1mexp(log P)`` for the unbounded ones (their limit; log P is computed only
+    when there are such pairs)."""
     a, b = _broadcast_boxes(a, b)
     corners = (a.lower, a.upper, b.lower, b.upper)
     finite = torch.stack([torch.isfinite(c).all(-1) for c in corners]).all(0)
-    far = _log1m_containment(log_p, a, b, None, None, False)
-    if not _any(finite.any()):
-        return far
+    far = None
+    if _any((~finite).any()):
+        far = _log1m_containment(log_containment_prob(a, b, noise=noise), a, b, None, None,
+                                 False)
+        if not _any(finite.any()):
+            return far
     rows = finite.unsqueeze(-1)
     safe = [torch.where(rows, c, fill).to(torch.float64)
             for c, fill in zip(corners, (0.0, 1.0, 0.0, 1.0))]
-    near = _log1m_ratio(safe[0], safe[1], safe[2], safe[3], noise).to(log_p.dtype)
-    return torch.where(finite, near, far)
+    near = _log1m_ratio(safe[0], safe[1], safe[2], safe[3], noise).to(a.dtype)
+    return near if far is None else torch.where(finite, near, far)
 
 
 def _log1m_containment(log_p: torch.Tensor, a: Box, b: Box, beta: float | torch.Tensor | None,

@@ -164,8 +164,9 @@ class BoxHierarchyModel(nn.Module):
         return None if kind is None else kind(self.beta)
 
     def _box_kwargs(self) -> dict[str, Any]:
-        if self.noise is not None:
-            return {"noise": self.noise}
+        noise = self.noise
+        if noise is not None:
+            return {"noise": noise}
         if self.method == "gumbel":
             return {"beta": self.beta, "volume_beta": self.volume_beta}
         if self.method == "soft":
@@ -214,9 +215,14 @@ class BoxHierarchyModel(nn.Module):
         """:meth:`score_pairs` for given boxes ``(P, d)``; ``log_child``: the children's log
         volumes when known (else computed with the intersection volumes, in one call)."""
         noise = self.noise
-        if noise is not None:          # quadrature boxes: the core functions as they are
-            return PairScores(log_containment_prob(parent, child, noise=noise),
-                              log1m_containment_prob(parent[n_pos:], child[n_pos:], noise=noise))
+        if noise is not None:          # quadrature boxes: the core functions
+            if log_child is None:
+                log_p = log_containment_prob(parent, child, noise=noise)
+            else:                      # the children's volumes, computed once per node
+                log_inter = expected_volume(parent, child, noise=noise, log=True)
+                log_p = (log_inter - log_child).clamp(max=0.0)
+            return PairScores(log_p, log1m_containment_prob(parent[n_pos:], child[n_pos:],
+                                                            noise=noise))
         inter = intersection(parent, child, self.beta if self.method == "gumbel" else None)
         if log_child is None:
             both = self._log_volume_box(Box(torch.cat([inter.lower, child.lower]),
