@@ -322,3 +322,17 @@ def test_empty_batches(noise):
     assert expected_volume(empty, empty, noise=noise).shape == (0,)
     assert log1m_containment_prob(empty, empty, noise=noise).shape == (0,)
     assert containment_prob(empty, empty, noise=noise).shape == (0,)
+
+
+@pytest.mark.parametrize("noise", [Normal(0.2), Logistic(0.1)], ids=["normal", "logistic"])
+def test_log1m_gradcheck_float64(noise):
+    """The direct log(1 − P) integral: float64 gradcheck in both boxes' corners, one pair
+    nested (b inside a), one overlapping."""
+    a_lo = torch.tensor([[0.0, 0.0], [0.0, 0.1]], dtype=F64, requires_grad=True)
+    a_up = torch.tensor([[1.0, 1.2], [0.6, 0.9]], dtype=F64, requires_grad=True)
+    b_lo = torch.tensor([[0.3, 0.2], [0.4, 0.0]], dtype=F64, requires_grad=True)
+    b_up = torch.tensor([[0.7, 0.9], [1.1, 0.5]], dtype=F64, requires_grad=True)
+    fn = lambda al, au, bl, bu: log1m_containment_prob(Box(al, au), Box(bl, bu),  # noqa: E731
+                                                       noise=noise)
+    assert torch.autograd.gradcheck(fn, (a_lo, a_up, b_lo, b_up), eps=1e-6, atol=1e-6,
+                                    rtol=1e-5)
