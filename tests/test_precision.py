@@ -201,7 +201,7 @@ def test_box_volume_in_half_precision(method, dtype):
     gen = torch.Generator().manual_seed(4)
     lower = torch.randn(8, 5, generator=gen)
     upper = lower + torch.rand(8, 5, generator=gen) + 0.1
-    kw = {"hard": dict(method="hard"), "soft": dict(temperature=0.5),
+    kw = {"hard": dict(), "soft": dict(temperature=0.5),
           "gumbel": dict(beta=0.1), "gumbel-approx": dict(beta=0.1, approx=True)}[method]
     lo, up = lower.to(dtype).requires_grad_(), upper.to(dtype).requires_grad_()
     v = boxes.volume(boxes.Box(lo, up), log=True, **kw)

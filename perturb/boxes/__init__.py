@@ -7,7 +7,7 @@ The hierarchy application (WordNet, training, evaluation) is the subpackage
 """
 from perturb.boxes.box import Box, join
 from perturb.boxes.embedding import BoxEmbedding
-from perturb.boxes.expected_volumes import expected_volume
+from perturb.boxes.expected_volumes import expected_volume, volume
 from perturb.boxes.hierarchy import (
     BoxHierarchyModel,
     all_pairs_f1,
@@ -18,7 +18,7 @@ from perturb.boxes.intersections import (containment_prob, intersection, log1m_c
                                         log1mexp, log_containment_prob, overlap)
 from perturb.boxes.losses import (containment_loss, overlap_loss, sample_negatives,
                                   volume_regularizer)
-from perturb.boxes.volumes import EULER_GAMMA, gumbel_side_length, log_gumbel_side_length, volume
+from perturb.boxes.volumes import EULER_GAMMA, gumbel_side_length, log_gumbel_side_length
 
 __all__ = [
     "Box",

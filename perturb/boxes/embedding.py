@@ -10,9 +10,11 @@ from torch import nn
 from perturb._math import log_expm1
 from perturb._validation import (check_choice, check_device, check_int, check_tau, check_value,
                                  validation_enabled)
+import perturb.noise as _noises
 from perturb.boxes.box import Box
+from perturb.boxes.expected_volumes import check_box_noise, volume
 from perturb.boxes.intersections import containment_prob, log_containment_prob, overlap
-from perturb.boxes.volumes import volume
+from perturb.noise import Gumbel, Noise
 
 __all__ = ["BoxEmbedding"]
 
@@ -20,8 +22,16 @@ _PARAMETERISATIONS = ("center_offset", "min_delta", "sigmoid")
 #: The names of the two parameters of each parameterisation (their state_dict keys).
 _PARAMETER_NAMES = {"center_offset": ("center", "offset"), "min_delta": ("min", "delta"),
                    "sigmoid": ("min_logit", "delta_logit")}
-#: Version of the extra state :meth:`BoxEmbedding.get_extra_state` writes.
-_STATE_FORMAT = 1
+#: Version of the extra state :meth:`BoxEmbedding.get_extra_state` writes (format 1, without
+#: ``noise``, still loads).
+_STATE_FORMAT = 2
+
+
+class _DefaultBeta(float):
+    """The default ``beta`` (0.1), told apart from a ``beta`` the caller gave."""
+
+
+_DEFAULT_BETA = _DefaultBeta(0.1)
 
 
 class BoxEmbedding(nn.Module):
@@ -40,21 +50,30 @@ class BoxEmbedding(nn.Module):
     ``center``/``offset`` (half-width ``softplus(offset)``), ``min``/``delta`` (side
     ``softplus(delta)``) and ``min_logit``/``delta_logit``; ``param1``/``param2`` remain as
     aliases of the first and second. The state_dict also records, as ``_extra_state``, a dict
-    ``{"format", "parameterisation", "num_entities", "dim", "beta", "init"}``. Loading checks
-    the parameterisation, ``num_entities`` and ``dim`` (ValueError naming both values) and
-    takes ``beta`` and ``init`` from the state; an older state_dict with ``param1``/``param2``
-    keys and no extra state still loads, as this module's parameterisation.
+    ``{"format", "parameterisation", "num_entities", "dim", "beta", "noise", "init"}`` of plain
+    values (``noise``: None, or ``{"family": "Normal", "scale": 0.1}``; Gumbel boxes are
+    ``beta``). Loading checks the parameterisation, ``num_entities`` and ``dim`` (ValueError
+    naming both values) and takes the noise and ``init`` from the state; an older state_dict
+    (format 1 without ``noise``, or ``param1``/``param2`` keys and no extra state) still
+    loads, as this module's parameterisation.
 
     At initialisation each box lies inside ``[0, 1]^d``: its side in each coordinate is drawn
     uniformly from ``init`` (a ``(min_side, max_side)`` pair, or one number) and its lower
-    corner uniformly in ``[0, 1 − side]``. The Gumbel scale ``beta`` is stored and used by the
-    convenience methods :meth:`volume`, :meth:`containment_prob` and :meth:`overlap`
-    (``beta=None`` makes them hard).
+    corner uniformly in ``[0, 1 − side]``. The boxes' corner noise is stored and used by the
+    convenience methods :meth:`volume`, :meth:`containment_prob` and :meth:`overlap`: Gumbel
+    boxes of scale ``beta`` (the default, β = 0.1), any other noise on the line with
+    ``noise=`` (``Normal(0.1)``, ``Logistic(0.1)``: expected volumes by quadrature), or hard
+    boxes with ``beta=None``. The attribute :attr:`noise` is the noise (``Gumbel(scale=β)``
+    for ``beta=β``, None for hard boxes) and :attr:`beta` the Gumbel scale (None for other
+    noises); setting ``beta`` sets Gumbel boxes of that scale (None: hard).
 
     Args:
         num_entities: number of boxes.
         dim: dimension d of the space.
         beta: Gumbel scale β > 0 used by the convenience methods, or None for hard boxes.
+        noise: instead of ``beta``, a noise of :mod:`perturb.noise` perturbing the corners
+            (keyword only; a continuous noise on the line with a CDF and density, of a class
+            of :mod:`perturb.noise`, so that the state_dict can record it).
         parameterisation: "center_offset", "min_delta" or "sigmoid".
         init: side-length range at initialisation, within (0, 1).
         generator: torch.Generator for the initialisation.
@@ -64,8 +83,9 @@ class BoxEmbedding(nn.Module):
         ``forward``: ids ``(*batch,)`` (integer) -> Box ``(*batch, dim)``.
 
     Raises:
-        ValueError: ``num_entities``/``dim`` < 1, ``beta <= 0``, unknown parameterisation,
-            ``init`` outside (0, 1); in ``forward``: non-integer ids or ids out of
+        ValueError: ``num_entities``/``dim`` < 1, ``beta <= 0``, ``beta`` and ``noise`` both
+            given, a ``noise`` the expected volumes cannot use or the state_dict cannot record,
+            unknown parameterisation, ``init`` outside (0, 1); in ``forward``: non-integer ids or ids out of
             ``[0, num_entities)`` (the range check runs while validation is enabled).
 
     Example:
@@ -74,21 +94,29 @@ class BoxEmbedding(nn.Module):
         torch.Size([2, 4])
         >>> emb.containment_prob(torch.tensor([0]), torch.tensor([3])).shape
         torch.Size([1])
+        >>> from perturb.noise import Normal
+        >>> BoxEmbedding(10, 4, noise=Normal(0.1)).noise
+        Normal(scale=0.1)
     """
 
-    def __init__(self, num_entities: int, dim: int, beta: float | None = 0.1,
+    def __init__(self, num_entities: int, dim: int, beta: float | None = _DEFAULT_BETA,
                  parameterisation: str = "center_offset",
                  init: float | Sequence[float] = (0.05, 0.2), *,
+                 noise: Noise | None = None,
                  generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
         device = None if device is None else check_device(device)
         self.num_entities = check_int(num_entities, "num_entities", low=1)
         self.dim = check_int(dim, "dim", low=1)
-        if beta is not None:
-            check_tau(beta, "beta")
-            beta = float(beta)
-        self.beta = beta
+        self.noise: Noise | None = None
+        if noise is None:
+            self.beta = beta
+        elif beta is not _DEFAULT_BETA:
+            raise ValueError(f"give beta (Gumbel boxes) or noise, not both: got beta={beta!r} "
+                             f"and noise={noise!r}")
+        else:
+            self.noise = _check_recordable(noise)
         check_choice(parameterisation, _PARAMETERISATIONS, "parameterisation")
         self.parameterisation = parameterisation
         if isinstance(init, (int, float)):
@@ -118,19 +146,38 @@ class BoxEmbedding(nn.Module):
         """The second parameter (``offset``, ``delta`` or ``delta_logit``)."""
         return getattr(self, _PARAMETER_NAMES[self.parameterisation][1])
 
+    @property
+    def beta(self) -> float | None:
+        """The Gumbel scale β of Gumbel boxes; None for hard boxes and other noises. Setting
+        it makes the boxes Gumbel boxes of that scale (None: hard)."""
+        noise = self.noise
+        return float(noise.scale) if type(noise) is Gumbel else None
+
+    @beta.setter
+    def beta(self, beta: float | None) -> None:
+        if beta is not None:
+            check_tau(beta, "beta")
+        self.noise = None if beta is None else Gumbel(scale=float(beta))
+
     # --------------------------------------------------------------- state
     def get_extra_state(self) -> dict[str, Any]:
         """What the state_dict records besides the parameters (plain values, so that it loads
         with ``torch.load(weights_only=True)``)."""
+        noise = self.noise
+        record = None if noise is None or type(noise) is Gumbel else _noise_record(noise)
         return {"format": _STATE_FORMAT, "parameterisation": self.parameterisation,
                 "num_entities": self.num_entities, "dim": self.dim, "beta": self.beta,
-                "init": tuple(self.init)}
+                "noise": record, "init": tuple(self.init)}
 
     def set_extra_state(self, state: Any) -> None:
-        """Adopt ``beta`` and ``init`` of a loaded state (its parameterisation and sizes were
-        checked by :meth:`_load_from_state_dict`)."""
+        """Adopt the noise (``beta`` or ``noise``) and ``init`` of a loaded state (its
+        parameterisation and sizes were checked by :meth:`_load_from_state_dict`)."""
         _check_extra_state(state, self)
-        self.beta = state["beta"]
+        record = state.get("noise")
+        if record is None:
+            self.beta = state["beta"]
+        else:
+            self.noise = _noise_from_record(record)
         low, high = (float(v) for v in state["init"])
         self.init = (low, high)
 
@@ -217,28 +264,58 @@ class BoxEmbedding(nn.Module):
 
     # --------------------------------------------------------------- convenience
     def volume(self, ids: torch.Tensor, log: bool = False) -> torch.Tensor:
-        """Volume of the boxes of ``ids``: expected Gumbel volume with ``self.beta`` (hard if
-        None)."""
-        return volume(self(ids), beta=self.beta, log=log)
+        """Volume of the boxes of ``ids``: expected under ``self.noise`` (hard if None)."""
+        return volume(self(ids), noise=self.noise, log=log)
 
     def containment_prob(self, parent_ids: torch.Tensor, child_ids: torch.Tensor,
                          log: bool = False) -> torch.Tensor:
-        """P(child ⊆ parent) with ``self.beta``; see :func:`perturb.boxes.containment_prob`."""
-        return containment_prob(self(parent_ids), self(child_ids), self.beta, log=log)
+        """P(child ⊆ parent) under ``self.noise``; see
+        :func:`perturb.boxes.containment_prob`."""
+        return containment_prob(self(parent_ids), self(child_ids), noise=self.noise, log=log)
 
     def log_containment_prob(self, parent_ids: torch.Tensor, child_ids: torch.Tensor
                              ) -> torch.Tensor:
-        """log P(child ⊆ parent) with ``self.beta``."""
-        return log_containment_prob(self(parent_ids), self(child_ids), self.beta)
+        """log P(child ⊆ parent) under ``self.noise``."""
+        return log_containment_prob(self(parent_ids), self(child_ids), noise=self.noise)
 
     def overlap(self, ids_a: torch.Tensor, ids_b: torch.Tensor, log: bool = False
                 ) -> torch.Tensor:
-        """Jaccard-type overlap with ``self.beta``; see :func:`perturb.boxes.overlap`."""
-        return overlap(self(ids_a), self(ids_b), self.beta, log=log)
+        """Jaccard-type overlap under ``self.noise``; see :func:`perturb.boxes.overlap`."""
+        return overlap(self(ids_a), self(ids_b), noise=self.noise, log=log)
 
     def extra_repr(self) -> str:
-        return (f"num_entities={self.num_entities}, dim={self.dim}, beta={self.beta}, "
+        model = f"beta={self.beta}" if self.beta is not None or self.noise is None \
+            else f"noise={self.noise!r}"
+        return (f"num_entities={self.num_entities}, dim={self.dim}, {model}, "
                 f"parameterisation={self.parameterisation!r}")
+
+
+def _noise_record(noise: Noise) -> dict[str, Any]:
+    """The plain-value record of a noise of :mod:`perturb.noise` (its class name and
+    parameters)."""
+    params: dict[str, Any] = noise._params() or {}
+    return {"family": type(noise).__name__, **{k: float(v) for k, v in params.items()}}
+
+
+def _noise_from_record(record: Any) -> Noise:
+    """The noise a :func:`_noise_record` describes (ValueError for anything else)."""
+    family = record.get("family") if isinstance(record, Mapping) else None
+    cls = getattr(_noises, family, None) if isinstance(family, str) else None
+    if not (isinstance(cls, type) and issubclass(cls, Noise)):
+        raise ValueError(f"not a BoxEmbedding noise record: {record!r}")
+    return _check_recordable(cls(**{k: v for k, v in record.items() if k != "family"}))
+
+
+def _check_recordable(noise: Noise) -> Noise:
+    """``noise`` if the expected volumes can use it and its record rebuilds it; else a
+    ValueError saying what to do."""
+    check_box_noise(noise)
+    if getattr(_noises, type(noise).__name__, None) is not type(noise):
+        raise ValueError(f"noise={noise!r} is not a noise of perturb.noise, so the state_dict "
+                         f"cannot record it: use one of perturb.noise (Gumbel, Normal, "
+                         f"Logistic), or call perturb.boxes.expected_volume(..., noise=...) on "
+                         f"the boxes emb(ids) yourself")
+    return noise
 
 
 def _check_extra_state(state: Any, module: BoxEmbedding) -> None:
@@ -248,9 +325,9 @@ def _check_extra_state(state: Any, module: BoxEmbedding) -> None:
     if not isinstance(state, Mapping) or any(k not in state for k in keys):
         raise ValueError(f"not a BoxEmbedding state: its _extra_state must be a dict with "
                          f"keys {keys}, got {state!r}")
-    if state["format"] != _STATE_FORMAT:
+    if state["format"] not in (1, _STATE_FORMAT):
         raise ValueError(f"BoxEmbedding state format {state['format']!r} is not supported "
-                         f"(this version reads format {_STATE_FORMAT})")
+                         f"(this version reads formats 1 to {_STATE_FORMAT})")
     if state["parameterisation"] != module.parameterisation:
         raise ValueError(f"cannot load a BoxEmbedding state saved with parameterisation="
                          f"{state['parameterisation']!r} into one with parameterisation="

@@ -38,18 +38,20 @@ depend on where it sits), so they are exact to the same tolerance.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
+from perturb._deprecation import warn_future
 from perturb._math import log1mexp
 from perturb.boxes.box import Box, _broadcast_all, _width
-from perturb.boxes.volumes import _log_gumbel_side_length, _log_hard_volume, _sum_log_sides
+from perturb.boxes.volumes import (_log_gumbel_side_length, _log_hard_volume, _log_volume,
+                                   _resolve_method, _sum_log_sides)
 from perturb.noise import Gumbel, Noise
 from perturb.noise._args import check_noise
 from perturb.noise._quadrature import gl_pieces
 
-__all__ = ["expected_volume"]
+__all__ = ["volume", "expected_volume"]
 
 _F64 = torch.float64
 _LOG2 = math.log(2.0)
@@ -272,7 +274,7 @@ def expected_volume(*boxes: Box, noise: Noise | None = None, log: bool = False) 
     Logistic and user noises are integrated by quadrature (float64, relative error ~1e-12 on
     the log volume); ``noise=None`` is the zero-noise limit, the hard volume. The softplus
     ("soft") volume of Li et al. smooths the hard volume and is no noise's expectation: it is
-    :func:`perturb.boxes.volume` with ``method="soft"``.
+    :func:`perturb.boxes.volume` with ``temperature=``.
 
     Args:
         *boxes: one or more :class:`~perturb.boxes.Box` (same d, dtype and device; batch shapes
@@ -314,3 +316,123 @@ def expected_volume(*boxes: Box, noise: Noise | None = None, log: bool = False) 
     out = _log_expected_volume(lowers, uppers, noise)
     return out if log else torch.exp(out)
 
+
+def _resolve_noise(noise: Noise | None, beta: Any, volume_beta: Any, temperature: Any,
+                   approx: bool) -> tuple[Any, Noise | None]:
+    """``(beta, noise)`` for the containment functions: ``noise=Gumbel(scale=β)`` is the
+    Gumbel path with ``beta=β`` (closed form and the nested-pair precision of
+    :func:`~perturb.boxes.log1m_containment_prob`); other noises go to the quadrature of
+    this module."""
+    if noise is None:
+        return beta, None
+    check_box_noise(noise)
+    given = [name for name, v in (("beta", beta), ("volume_beta", volume_beta),
+                                  ("temperature", temperature)) if v is not None]
+    if given or approx:
+        raise ValueError(f"noise={noise!r} describes the boxes' perturbation by itself: drop "
+                         f"{', '.join(given) if given else 'approx'}")
+    if type(noise) is Gumbel:
+        return noise.scale, None
+    return None, noise
+
+
+#: What to write instead of each deprecated ``method=`` string of :func:`volume`.
+_METHOD_INSTEAD = {
+    "gumbel": "give beta=β, or noise=Gumbel(scale=β), for the expected volume of Gumbel boxes",
+    "soft": "give temperature=T: the softplus volume of Li et al. is a smoothing of the hard "
+            "volume, not a noise's expectation",
+    "hard": "drop it: the hard volume, the zero-noise limit, is the default",
+}
+
+
+def _deprecated_method(fn: str, method: str | None, beta: Any, temperature: Any
+                       ) -> tuple[Any, Any]:
+    """``(beta, temperature)`` meaning what a deprecated ``method=`` string of ``fn`` meant
+    (after checking it against them and warning); unchanged when ``method`` is None."""
+    if method is None:
+        return beta, temperature
+    method = _resolve_method(method, beta, temperature)
+    warn_future(fn, f"method={method!r}", _METHOD_INSTEAD[method])
+    if method == "gumbel" and beta is None:
+        beta = 1.0
+    if method == "soft" and temperature is None:
+        temperature = 1.0
+    return beta, temperature
+
+
+def volume(box: Box, method: str | None = None, beta: float | torch.Tensor | None = None,
+           temperature: float | torch.Tensor | None = None, approx: bool = False,
+           log: bool = False, *, noise: Noise | None = None) -> torch.Tensor:
+    """Volume of a batch of boxes: hard, expected under a corner noise, or softplus-smoothed.
+
+        hard (default):  Π_i max(hi_i − lo_i, 0)
+        Gumbel (beta=β): Π_i 2β·K0(2·exp(−(μ_hi,i − μ_lo,i)/(2β)))             (exact)
+                         Π_i β·softplus((μ_hi,i − μ_lo,i)/β − 2γ)               (approx=True)
+        noise=N:         E[Π_i max(0, U_i − L_i)],  L = lo + ε, U = hi − ε', ε, ε' ~ N
+        soft (temperature=T): Π_i T·softplus((hi_i − lo_i)/T)                  (Li et al. 2019)
+
+    The Gumbel volume is the expected volume of a box with MaxGumbel(μ_lo, β) lower and
+    MinGumbel(μ_hi, β) upper corners (independent coordinates make it the product of the
+    expected sides, :func:`gumbel_side_length`); ``beta=β`` and ``noise=Gumbel(scale=β)`` are
+    the same closed form. Any other noise on the line (Normal, Logistic, a user noise with
+    ``cdf`` and ``log_prob``) is integrated by quadrature (:func:`expected_volume`, about
+    10–100× the closed form's cost). The hard volume is the zero-noise limit of all of them.
+    The softplus ("soft") volume is no noise's expectation: it smooths the hard volume, and is
+    selected by its ``temperature``. Every volume is computed as a sum of log sides;
+    ``log=False`` returns its ``exp``. The hard log volume is ``-inf`` (with zero gradient) for
+    an empty box. As β → 0 and T → 0 both smooth volumes tend to the hard one.
+
+    Args:
+        box: the boxes (for the noises: the corner locations).
+        method: deprecated (FutureWarning; removed in 0.3): "gumbel" is ``beta=``, "soft" is
+            ``temperature=``, "hard" is the default. With ``method="gumbel"`` and no ``beta``,
+            β = 1.
+        beta: Gumbel scale β > 0 (a float, or a tensor broadcasting against the boxes' batch).
+        temperature: softplus temperature T > 0 of the soft volume.
+        approx: Gumbel only: use the softplus approximation of the Bessel form.
+        log: return the log volume.
+        noise: a :class:`~perturb.noise.Noise` perturbing both corners (keyword only; not with
+            ``beta``, ``temperature`` or ``approx``).
+
+    Shape:
+        ``box``: ``(*batch, d)``; returns ``(*batch,)``.
+
+    Returns:
+        The volumes (or log volumes). float16 / bfloat16 corners (and autocast regions) are
+        computed in float32 (the Bessel functions have no half kernels) and returned in the
+        corners' dtype (:mod:`perturb._precision`); the noise quadrature runs in float64.
+
+    Raises:
+        ValueError: ``box`` not a :class:`Box`; ``beta``/``temperature`` <= 0; both given;
+            ``approx`` without ``beta``; ``noise`` with any of them, or a noise without a CDF
+            or density, or with bounded support; an unknown ``method`` or one contradicting
+            ``beta``/``temperature``.
+
+    Example:
+        >>> from perturb.noise import Normal
+        >>> b = Box(torch.zeros(2), torch.tensor([1.0, 2.0]))
+        >>> volume(b), volume(b, beta=0.01), volume(b, temperature=0.1)
+        (tensor(2.), tensor(1.9655), tensor(2.0000))
+        >>> volume(b, noise=Normal(0.5))      # mean-zero noise: E[(U − L)+] >= E[U − L]
+        tensor(2.0508)
+
+    References:
+        Vilnis et al. 2018 (hard boxes); Li et al. 2019, "Smoothing the Geometry of
+        Probabilistic Box Embeddings" (soft); Dasgupta et al. 2020, arXiv:2010.04831 (Gumbel).
+    """
+    if not isinstance(box, Box):
+        raise ValueError(f"box must be a Box, got {type(box).__name__}")
+    if noise is not None:
+        if method is not None:
+            raise ValueError(f"noise={noise!r} describes the boxes' perturbation by itself: "
+                             f"drop method={method!r}")
+        beta, noise = _resolve_noise(noise, beta, None, temperature, approx)
+        if noise is not None:
+            return expected_volume(box, noise=noise, log=log)
+    beta, temperature = _deprecated_method("volume", method, beta, temperature)
+    method = _resolve_method(None, beta, temperature)
+    if approx and method != "gumbel":
+        raise ValueError("approx=True is the softplus approximation of the Gumbel volume and "
+                         "needs beta")
+    out = _log_volume(box, method, beta, temperature, approx)
+    return out if log else torch.exp(out)

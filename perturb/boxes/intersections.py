@@ -32,10 +32,10 @@ from perturb._math import log1mexp as _log1mexp
 from perturb._validation import check_value, reads_stall, validation_enabled
 from perturb.boxes.box import Box, _broadcast_boxes
 from perturb.boxes.expected_volumes import (_log1m_ratio, _log_expected_volume, _noise_reach,
-                                            check_box_noise)
+                                            _resolve_noise)
 from perturb.boxes.volumes import (_any, _as_scale, _log, _log_gumbel_side_slope, _log_softplus,
                                   _log_volume)
-from perturb.noise import Gumbel, Noise
+from perturb.noise import Noise
 
 __all__ = ["intersection", "containment_prob", "log_containment_prob",
            "log1m_containment_prob", "log1mexp", "overlap"]
@@ -171,25 +171,6 @@ def intersection(a: Box, b: Box, beta: float | torch.Tensor | None = None) -> Bo
                                                        beta))
     return Box._trusted(torch.maximum(a.lower, b.lower) + _lse_correction(a.lower, b.lower, beta),
                         torch.minimum(a.upper, b.upper) - _lse_correction(a.upper, b.upper, beta))
-
-
-def _resolve_noise(noise: Noise | None, beta: Any, volume_beta: Any, temperature: Any,
-                   approx: bool) -> tuple[Any, Noise | None]:
-    """``(beta, noise)`` for the containment functions: ``noise=Gumbel(scale=β)`` is the
-    Gumbel path with ``beta=β`` (closed form and the nested-pair precision of
-    :func:`log1m_containment_prob`); other noises go to
-    :mod:`perturb.boxes.expected_volumes`."""
-    if noise is None:
-        return beta, None
-    check_box_noise(noise)
-    given = [name for name, v in (("beta", beta), ("volume_beta", volume_beta),
-                                  ("temperature", temperature)) if v is not None]
-    if given or approx:
-        raise ValueError(f"noise={noise!r} describes the boxes' perturbation by itself: drop "
-                         f"{', '.join(given) if given else 'approx'}")
-    if type(noise) is Gumbel:
-        return noise.scale, None
-    return None, noise
 
 
 def _noise_scales(noise: Noise | None, *scales: Any) -> tuple:

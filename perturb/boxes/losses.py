@@ -24,7 +24,8 @@ from perturb._validation import (check_choice, check_generator, check_int, check
 from perturb.boxes.box import Box, _broadcast_boxes
 from perturb.boxes.intersections import (log1m_containment_prob, _log1mexp, log1mexp,
                                         log_containment_prob, overlap)
-from perturb.boxes.volumes import volume
+from perturb.boxes.expected_volumes import _deprecated_method, volume
+from perturb.noise import Noise
 
 __all__ = ["containment_loss", "overlap_loss", "volume_regularizer", "sample_negatives",
            "log1mexp", "negative_nll", "PairSet"]
@@ -173,20 +174,22 @@ def overlap_loss(a: Box, b: Box, beta: float | torch.Tensor | None = None, *,
 def volume_regularizer(box: Box, threshold: float, *, method: str | None = None,
                        beta: float | torch.Tensor | None = None,
                        temperature: float | torch.Tensor | None = None, approx: bool = False,
-                       mode: str = "indicator", reduction: str = "sum") -> torch.Tensor:
+                       mode: str = "indicator", reduction: str = "sum",
+                       noise: Noise | None = None) -> torch.Tensor:
     """Penalty on boxes larger than ``threshold``.
 
         mode="indicator":  Σ 1[Vol > τ_v]·Vol      (gradient Vol·∂log Vol above τ_v, 0 below)
         mode="hinge":      Σ max(0, Vol − τ_v)
 
     Both are 0 for boxes of volume at most τ_v. The volume is :func:`~perturb.boxes.volume`
-    with the given ``method``/``beta``/``temperature`` (Gumbel when ``beta`` is given). In high
+    with the given ``beta``/``noise``/``temperature`` (hard when none is given). In high
     dimension volumes are tiny; pick τ_v on that scale (e.g. ∝ s^d for a target side s).
 
     Args:
         box: the boxes.
         threshold: τ_v ≥ 0.
-        method, beta, temperature, approx: the volume, as in :func:`~perturb.boxes.volume`.
+        method, beta, temperature, approx, noise: the volume, as in
+            :func:`~perturb.boxes.volume` (``method`` is deprecated there).
         mode: "indicator" or "hinge".
         reduction: "sum" (default), "mean" or "none".
 
@@ -200,7 +203,8 @@ def volume_regularizer(box: Box, threshold: float, *, method: str | None = None,
             or not math.isfinite(threshold) or threshold < 0:
         raise ValueError(f"threshold must be a finite number >= 0, got {threshold!r}")
     check_choice(mode, ("indicator", "hinge"), "mode")
-    vol = volume(box, method=method, beta=beta, temperature=temperature, approx=approx)
+    beta, temperature = _deprecated_method("volume_regularizer", method, beta, temperature)
+    vol = volume(box, beta=beta, temperature=temperature, approx=approx, noise=noise)
     if mode == "indicator":
         pen = torch.where(vol > threshold, vol, torch.zeros_like(vol))
     else:

@@ -44,7 +44,7 @@ from perturb.boxes._bessel import (_any, _log_k0_exp, _log_k0_exp_slope, _LogK0E
                                    _LogNegGPrime)
 from perturb.boxes.box import Box, _check_corner, _width
 
-__all__ = ["volume", "gumbel_side_length", "log_gumbel_side_length", "EULER_GAMMA"]
+__all__ = ["gumbel_side_length", "log_gumbel_side_length", "EULER_GAMMA"]
 
 _LOG2 = math.log(2.0)
 # log softplus(y) = y - exp(y)/2 + O(exp(2y)) below this y.
@@ -319,61 +319,3 @@ def _log_volume_of(lower: torch.Tensor, upper: torch.Tensor, method: str, beta: 
         return _LogVolume.apply(box.lower, box.upper, b, 2.0 * EULER_GAMMA if approx else 0.0,
                                 not approx, slope)[0]
     return _sum_log_sides(_log_gumbel_side_length(box.lower, box.upper, b, approx))
-
-
-def volume(box: Box, method: str | None = None, beta: float | torch.Tensor | None = None,
-           temperature: float | torch.Tensor | None = None, approx: bool = False,
-           log: bool = False) -> torch.Tensor:
-    """Volume of a batch of boxes: hard, soft (softplus) or expected Gumbel volume.
-
-        hard:    Π_i max(hi_i − lo_i, 0)
-        soft:    Π_i T·softplus((hi_i − lo_i)/T)                         (Li et al. 2019)
-        gumbel:  Π_i 2β·K0(2·exp(−(μ_hi,i − μ_lo,i)/(2β)))             (exact, default)
-                 Π_i β·softplus((μ_hi,i − μ_lo,i)/β − 2γ)               (approx=True)
-
-    The Gumbel volume is the expected volume E[Π_i max(0, X_hi,i − X_lo,i)] of a box with
-    MaxGumbel(μ_lo, β) lower and MinGumbel(μ_hi, β) upper corners (independent coordinates make
-    it the product of the expected sides, :func:`gumbel_side_length`). Every method is computed
-    as a sum of log sides; ``log=False`` returns its ``exp``. The hard log volume is ``-inf``
-    (with zero gradient) for an empty box. As β → 0 and T → 0 both smooth volumes tend to the
-    hard one.
-
-    Args:
-        box: the boxes (for Gumbel: the corner locations).
-        method: "hard", "soft" or "gumbel". ``None`` picks "gumbel" when ``beta`` is given,
-            "soft" when ``temperature`` is given, "hard" otherwise.
-        beta: Gumbel scale β > 0 (default 1.0 with ``method="gumbel"``).
-        temperature: softplus temperature T > 0 (default 1.0 with ``method="soft"``).
-        approx: Gumbel only: use the softplus approximation of the Bessel form.
-        log: return the log volume.
-
-    Shape:
-        ``box``: ``(*batch, d)``; returns ``(*batch,)``.
-
-    Returns:
-        The volumes (or log volumes). float16 / bfloat16 corners (and autocast regions) are
-        computed in float32 (the Bessel functions have no half kernels) and returned in the
-        corners' dtype (:mod:`perturb._precision`).
-
-    Raises:
-        ValueError: unknown method; ``beta``/``temperature`` <= 0; ``beta`` given with a method
-            other than "gumbel" (or ``temperature`` with one other than "soft"); both given with
-            ``method=None``; ``box`` not a :class:`Box`.
-
-    Example:
-        >>> b = Box(torch.zeros(2), torch.tensor([1.0, 2.0]))
-        >>> volume(b), volume(b, beta=0.01)
-        (tensor(2.), tensor(1.9655))
-
-    References:
-        Vilnis et al. 2018 (hard boxes); Li et al. 2019, "Smoothing the Geometry of
-        Probabilistic Box Embeddings" (soft); Dasgupta et al. 2020, arXiv:2010.04831 (Gumbel).
-    """
-    if not isinstance(box, Box):
-        raise ValueError(f"box must be a Box, got {type(box).__name__}")
-    method = _resolve_method(method, beta, temperature)
-    if approx and method != "gumbel":
-        raise ValueError(f"approx=True is the softplus approximation of the Gumbel volume and "
-                         f"needs method='gumbel', got method={method!r}")
-    out = _log_volume(box, method, beta, temperature, approx)
-    return out if log else torch.exp(out)

@@ -3,7 +3,9 @@ import pytest
 import torch
 
 from perturb._validation import set_validation
-from perturb.boxes import Box, BoxEmbedding, containment_loss, containment_prob, volume
+from perturb.boxes import (Box, BoxEmbedding, containment_loss, containment_prob, overlap,
+                           volume)
+from perturb.noise import Gumbel, Logistic, Normal, Uniform
 
 PARAMS = ["center_offset", "min_delta", "sigmoid"]
 
@@ -91,7 +93,8 @@ def test_range_check_is_a_value_check():
 @pytest.mark.parametrize("kw,match", [
     ({"num_entities": 0}, "num_entities"), ({"dim": 0}, "dim"), ({"beta": 0.0}, "beta"),
     ({"parameterisation": "polar"}, "parameterisation"), ({"init": (0.2, 0.1)}, "init"),
-    ({"init": 1.5}, "init"),
+    ({"init": 1.5}, "init"), ({"noise": Normal(0.1), "beta": 0.2}, "not both"),
+    ({"noise": Normal(0.1), "beta": None}, "not both"), ({"noise": Uniform()}, "bounded"),
 ])
 def test_bad_constructor_arguments(kw, match):
     args = {"num_entities": 3, "dim": 2, **kw}
@@ -120,8 +123,8 @@ def test_state_dict_is_self_describing_and_round_trips(param, tmp_path):
     sd = emb.state_dict()
     first, second = NAMES[param]
     assert list(sd) == [first, second, "_extra_state"]
-    assert sd["_extra_state"] == {"format": 1, "parameterisation": param, "num_entities": 6,
-                                  "dim": 3, "beta": 0.07, "init": (0.1, 0.3)}
+    assert sd["_extra_state"] == {"format": 2, "parameterisation": param, "num_entities": 6,
+                                  "dim": 3, "beta": 0.07, "noise": None, "init": (0.1, 0.3)}
     assert emb.param1 is getattr(emb, first) and emb.param2 is getattr(emb, second)
     # through a file, loading with weights_only (plain values only), into another module
     torch.save(sd, tmp_path / "emb.pt")
@@ -204,3 +207,63 @@ def test_set_boxes_rejects_bad_boxes():
     sig = BoxEmbedding(2, 2, parameterisation="sigmoid")
     with pytest.raises(ValueError, match="unit cube|\\(0, 1\\)"):
         sig.set_boxes(Box(ok, ok + 1.0))
+
+
+# ---------------------------------------------------------------------- noise boxes
+class _MyNormal(Normal):
+    """A user's noise: usable by the expected volumes, but the state_dict cannot name it."""
+
+
+@pytest.mark.parametrize("noise", [Normal(0.1), Logistic(0.05)], ids=repr)
+def test_noise_boxes_use_the_noise_everywhere(noise):
+    emb = BoxEmbedding(6, 3, noise=noise, generator=torch.Generator().manual_seed(0),
+                       dtype=torch.float64)
+    assert emb.noise == noise and emb.beta is None
+    p, c = torch.tensor([0, 1, 2]), torch.tensor([3, 4, 5])
+    torch.testing.assert_close(emb.volume(p), volume(emb(p), noise=noise))
+    torch.testing.assert_close(emb.containment_prob(p, c),
+                               containment_prob(emb(p), emb(c), noise=noise))
+    torch.testing.assert_close(emb.log_containment_prob(p, c),
+                               containment_prob(emb(p), emb(c), noise=noise, log=True))
+    torch.testing.assert_close(emb.overlap(p, c), overlap(emb(p), emb(c), noise=noise))
+    emb.containment_prob(p, c).sum().backward()
+    assert torch.isfinite(emb.param1.grad).all() and emb.param1.grad.abs().sum() > 0
+
+
+def test_beta_is_gumbel_noise_and_setting_it_switches_the_model():
+    emb = BoxEmbedding(4, 2, beta=0.3)
+    assert emb.noise == Gumbel(scale=0.3) and emb.beta == 0.3
+    emb.beta = None
+    assert emb.noise is None
+    emb.noise = Normal(0.2)
+    assert emb.beta is None
+    with pytest.raises(ValueError, match="beta"):
+        emb.beta = -1.0
+
+
+def test_noise_state_round_trips_with_weights_only(tmp_path):
+    emb = BoxEmbedding(5, 2, noise=Logistic(0.07), generator=torch.Generator().manual_seed(0))
+    sd = emb.state_dict()
+    assert sd["_extra_state"]["noise"] == {"family": "Logistic", "scale": 0.07}
+    torch.save(sd, tmp_path / "emb.pt")
+    other = BoxEmbedding(5, 2, beta=0.5)
+    other.load_state_dict(torch.load(tmp_path / "emb.pt", weights_only=True))
+    assert other.noise == Logistic(0.07) and other.beta is None
+    # and back to Gumbel boxes from a Gumbel state
+    other.load_state_dict(BoxEmbedding(5, 2, beta=0.2).state_dict())
+    assert other.noise == Gumbel(0.2)
+
+
+def test_format_1_state_still_loads():
+    emb = BoxEmbedding(5, 2, beta=0.07, generator=torch.Generator().manual_seed(0))
+    sd = emb.state_dict()
+    sd["_extra_state"] = {k: v for k, v in sd["_extra_state"].items() if k != "noise"}
+    sd["_extra_state"]["format"] = 1
+    other = BoxEmbedding(5, 2, noise=Normal(0.3))
+    other.load_state_dict(sd)
+    assert other.noise == Gumbel(0.07)
+
+
+def test_a_noise_the_state_dict_cannot_record_is_refused_with_the_alternative():
+    with pytest.raises(ValueError, match="expected_volume"):
+        BoxEmbedding(3, 2, noise=_MyNormal(0.1))

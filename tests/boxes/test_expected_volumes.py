@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perturb.boxes import (Box, containment_prob, expected_volume, intersection,
-                           log1m_containment_prob, log_containment_prob, overlap, volume)
+                           log1m_containment_prob, log_containment_prob, overlap, volume,
+                           volume_regularizer)
 from perturb.boxes.volumes import _log_volume
 from perturb.noise import Discrete, Gumbel, Logistic, Noise, Normal, Uniform
 
@@ -336,3 +337,30 @@ def test_log1m_gradcheck_float64(noise):
                                                        noise=noise)
     assert torch.autograd.gradcheck(fn, (a_lo, a_up, b_lo, b_up), eps=1e-6, atol=1e-6,
                                     rtol=1e-5)
+
+
+@pytest.mark.parametrize("noise", [Normal(0.3), Logistic(0.2)], ids=repr)
+def test_volume_takes_a_noise(noise):
+    """volume(box, noise=N) is expected_volume(box, noise=N); Gumbel(β) is volume(beta=β)."""
+    gen = torch.Generator().manual_seed(11)
+    lo = torch.randn(5, 3, generator=gen, dtype=torch.float64)
+    b = Box(lo, lo + torch.rand(5, 3, generator=gen, dtype=torch.float64) - 0.2)
+    torch.testing.assert_close(volume(b, noise=noise, log=True),
+                               expected_volume(b, noise=noise, log=True), rtol=0, atol=0)
+    torch.testing.assert_close(volume(b, noise=Gumbel(0.3)), volume(b, beta=0.3),
+                               rtol=0, atol=0)
+    reg = volume_regularizer(b, 0.01, noise=noise, reduction="none")
+    vol = volume(b, noise=noise)
+    torch.testing.assert_close(reg, torch.where(vol > 0.01, vol, torch.zeros_like(vol)))
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(beta=0.1), "drop beta"), (dict(temperature=0.1), "drop temperature"),
+    (dict(approx=True), "drop approx"), (dict(method="gumbel"), "drop method"),
+])
+def test_volume_noise_excludes_the_other_models(kw, match):
+    b = Box(torch.zeros(2), torch.ones(2))
+    with pytest.raises(ValueError, match=match):
+        volume(b, noise=Normal(0.1), **kw)
+    with pytest.raises(ValueError, match="bounded support"):
+        volume(b, noise=Uniform())

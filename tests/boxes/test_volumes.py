@@ -245,11 +245,11 @@ def test_hard_volume_gradients_empty_zero_and_no_nan():
     lo = torch.tensor([[0.0, 1.0], [0.0, 0.0]], dtype=torch.float64, requires_grad=True)
     hi = torch.tensor([[1.0, 0.5], [1.0, 2.0]], dtype=torch.float64, requires_grad=True)
     for log in (False, True):
-        v = volume(Box(lo, hi), "hard", log=log)
+        v = volume(Box(lo, hi), log=log)
         glo, ghi = torch.autograd.grad(v[0] + v[1] if not log else v[1] + 0 * v[0], (lo, hi))
         assert bool(torch.isfinite(glo).all()) and bool(torch.isfinite(ghi).all())
         assert glo[0].abs().sum().item() == 0 and ghi[0].abs().sum().item() == 0
-    v = volume(Box(lo, hi), "hard")
+    v = volume(Box(lo, hi))
     glo, ghi = torch.autograd.grad(v[1], (lo, hi))
     torch.testing.assert_close(ghi[1], torch.tensor([2.0, 1.0], dtype=torch.float64))
     torch.testing.assert_close(glo[1], -ghi[1])
@@ -260,7 +260,7 @@ def test_soft_volume_formula(t):
     b = _box([[0.0, 0.2], [-1.0, 0.0]], [[1.0, 0.1], [2.0, 0.5]])
     w = b.upper - b.lower
     want = (t * torch.nn.functional.softplus(w / t)).prod(-1)
-    torch.testing.assert_close(volume(b, "soft", temperature=t), want)
+    torch.testing.assert_close(volume(b, temperature=t), want)
     torch.testing.assert_close(volume(b, temperature=t, log=True), want.log())
 
 
@@ -283,7 +283,7 @@ def test_gumbel_volume_is_product_of_sides_in_log_space():
     for approx in (False, True):
         sides = gumbel_side_length(lo, hi, 0.2, approx=approx)
         torch.testing.assert_close(volume(b, beta=0.2, approx=approx), sides.prod(-1))
-        torch.testing.assert_close(volume(b, "gumbel", 0.2, approx=approx, log=True),
+        torch.testing.assert_close(volume(b, beta=0.2, approx=approx, log=True),
                                    sides.log().sum(-1))
 
 
@@ -320,8 +320,8 @@ def test_tensor_beta_broadcasts():
 
 @pytest.mark.parametrize("kw,match", [
     ({"beta": 0.0}, "beta"), ({"beta": -1.0}, "beta"), ({"beta": math.nan}, "beta"),
-    ({"method": "soft", "temperature": 0.0}, "temperature"),
-    ({"method": "gumbel", "beta": torch.tensor([0.1, -0.1])}, "beta"),
+    ({"temperature": 0.0}, "temperature"),
+    ({"beta": torch.tensor([0.1, -0.1])}, "beta"),
     ({"method": "cube"}, "method"),
     ({"method": "hard", "beta": 0.1}, "beta"),
     ({"method": "gumbel", "temperature": 0.1}, "temperature"),
@@ -421,7 +421,7 @@ def test_a_side_at_one_infinity_is_degenerate_and_a_nan_argument_never_indexes_t
     lo = torch.tensor([[inf, 0.0], [-inf, 0.0]])
     hi = torch.tensor([[inf, 1.0], [-inf, 1.0]])
     point = Box(torch.zeros(2, 2), torch.tensor([[0.0, 1.0], [0.0, 1.0]]))
-    for kw in ({"beta": 0.1}, {"temperature": 0.5}, {"method": "hard"}):
+    for kw in ({"beta": 0.1}, {"temperature": 0.5}, {}):
         torch.testing.assert_close(volume(Box(lo, hi), log=True, **kw),
                                    volume(point, log=True, **kw))
     # the table lookup itself propagates a NaN argument instead of indexing out of range
@@ -464,7 +464,7 @@ def test_log_softplus_gradcheck():
 
 # ----------------------------------------------------------------- unbounded boxes (±inf corners)
 _INF = math.inf
-_METHODS = [{"method": "hard"}, {"temperature": 0.5}, {"temperature": torch.tensor(0.5)},
+_METHODS = [{}, {"temperature": 0.5}, {"temperature": torch.tensor(0.5)},
             {"beta": 0.1}, {"beta": torch.tensor(0.1)}, {"beta": 0.1, "approx": True}]
 
 
@@ -493,3 +493,23 @@ def test_gumbel_side_length_at_infinite_bounds(approx):
     side = gumbel_side_length(lo, hi, 0.1, approx=approx)
     at_zero = gumbel_side_length(torch.zeros(1), torch.zeros(1), 0.1, approx=approx).item()
     assert side.tolist() == pytest.approx([_INF, _INF, at_zero, 0.0, at_zero])
+
+
+@pytest.mark.parametrize("method,new", [
+    ("gumbel", {"beta": 1.0}), ("soft", {"temperature": 1.0}), ("hard", {}),
+])
+def test_method_strings_warn_and_mean_the_new_spelling(method, new):
+    """method= is deprecated for one release: the FutureWarning says what to write, and the old
+    call returns what the new spelling does (method="gumbel" alone is β = 1, "soft" T = 1)."""
+    b = Box(torch.tensor([[0.0, 0.2], [0.1, -0.3]]), torch.tensor([[1.0, 0.5], [0.2, 0.4]]))
+    with pytest.warns(FutureWarning, match=f"method='{method}'.*{next(iter(new), 'drop')}"):
+        old = volume(b, method=method, log=True)
+    torch.testing.assert_close(old, volume(b, log=True, **new))
+
+
+def test_volume_regularizer_method_warns_under_its_own_name():
+    from perturb.boxes import volume_regularizer
+    b = Box(torch.zeros(3, 2), torch.ones(3, 2))
+    with pytest.warns(FutureWarning, match="volume_regularizer"):
+        old = volume_regularizer(b, 0.1, method="soft", temperature=0.5)
+    torch.testing.assert_close(old, volume_regularizer(b, 0.1, temperature=0.5))

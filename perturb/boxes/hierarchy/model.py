@@ -24,10 +24,9 @@ from perturb.boxes.box import Box
 from perturb.boxes.embedding import BoxEmbedding
 # TODO(intersections.py owner): export this as a public name (log(1 − P) given log P); it is
 # the only private name the hierarchy application still imports.
-from perturb.boxes.expected_volumes import expected_volume
+from perturb.boxes.expected_volumes import expected_volume, volume
 from perturb.boxes.intersections import (_log1m_containment, intersection,
                                          log1m_containment_prob, log_containment_prob)
-from perturb.boxes.volumes import volume
 from perturb.boxes.hierarchy.config import METHODS
 from perturb.noise import Logistic, Noise, Normal
 
@@ -249,10 +248,10 @@ class BoxHierarchyModel(nn.Module):
         if noise is not None:
             return expected_volume(box, noise=noise, log=True)
         if self.method == "gumbel":
-            return volume(box, "gumbel", beta=self.volume_beta or self.beta, log=True)
+            return volume(box, beta=self.volume_beta or self.beta, log=True)
         if self.method == "soft":
-            return volume(box, "soft", temperature=self.temperature, log=True)
-        return volume(box, "hard", log=True)
+            return volume(box, temperature=self.temperature, log=True)
+        return volume(box, log=True)
 
     def extra_repr(self) -> str:
         extra = {"gumbel": f", beta={self.beta}, volume_beta={self.volume_beta}",
