@@ -33,7 +33,8 @@ from perturb._validation import set_validation, validation_enabled  # noqa: E402
 from perturb.backward import finite_difference_solve, implicit_root, straight_through
 from perturb.categorical import (gaussian_softmax, gumbel_softmax, softmax, sparsemax,
                                  sparsemax_loss)
-from perturb.noise import Discrete, Gaussian, Gumbel, Logistic, Noise, Normal, Uniform
+from perturb.noise import (Discrete, Gaussian, Gumbel, Logistic, NegativeExponential, Noise, Normal,
+                           Uniform)
 from perturb.regularizers import (
     BinaryEntropy,
     Entropy,
@@ -69,7 +70,8 @@ __all__ = [
     "register_solver", "register_unsupported", "registered_pairs", "support_table",
     "Structure", "Simplex",
     "Regularizer", "Entropy", "SquaredNorm", "BinaryEntropy", "ExpFamilyEntropy",
-    "Noise", "Gumbel", "Normal", "Gaussian", "Logistic", "Uniform", "Discrete",
+    "Noise", "Gumbel", "Normal", "Gaussian", "Logistic", "NegativeExponential", "Uniform",
+    "Discrete",
     "implicit_root", "finite_difference_solve", "straight_through",
     "settings", "set_validation", "validation_enabled",
 ]

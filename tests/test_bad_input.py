@@ -281,6 +281,10 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("a location too", lambda: perturb.Logistic(0.0, 1.0), "Logistic\\(scale=",
              TypeError),
     ],
+    "NegativeExponential": _tau_cases(perturb.NegativeExponential, "scale") + [
+        Case("a location too", lambda: perturb.NegativeExponential(0.0, 1.0),
+             "NegativeExponential\\(scale=", TypeError),
+    ],
     "Uniform": [Case("low >= high", lambda: perturb.Uniform(1.0, -1.0), "low"),
                 Case("NaN bound", lambda: perturb.Uniform(math.nan, 1.0), "low")],
     "Discrete": [

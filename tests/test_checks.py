@@ -16,7 +16,7 @@ from perturb.checks import (
     check_minimality,
     identify,
 )
-from perturb.noise import Discrete, Gumbel, Logistic, Noise, Normal, Uniform
+from perturb.noise import Discrete, Gumbel, Logistic, NegativeExponential, Noise, Normal, Uniform
 
 F64 = torch.float64
 FAST = {"n_samples": 2 ** 9, "n_reps": 8}          # QMC settings for the softmax checks
@@ -48,7 +48,8 @@ def test_identify_gaussian_d2_matches_phi_closed_form():
         assert res.theta[1].item() == 0.0
 
 
-@pytest.mark.parametrize("noise", [Normal(), Logistic(), Uniform(), Gumbel(0.5)],
+@pytest.mark.parametrize("noise", [Normal(), Logistic(), Uniform(), Gumbel(0.5),
+                                   NegativeExponential(0.8)],
                          ids=lambda n: type(n).__name__)
 def test_identify_argmax_round_trip(noise):
     theta0 = torch.tensor([0.4, -0.7, 0.1, 0.0], dtype=F64)

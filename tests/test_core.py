@@ -9,6 +9,7 @@ from perturb import (
     ExpFamilyEntropy,
     Gumbel,
     Logistic,
+    NegativeExponential,
     Normal,
     Simplex,
     SquaredNorm,
@@ -19,7 +20,7 @@ from perturb import (
     relax,
 )
 
-NOISES = [Gumbel(), Gumbel(0.7), Normal(0.5), Normal(), Logistic()]
+NOISES = [Gumbel(), Gumbel(0.7), Normal(0.5), Normal(), Logistic(), NegativeExponential(0.7)]
 
 
 def _theta(*shape, dtype=torch.float64, seed=0):

@@ -218,6 +218,7 @@ CASES = {
     "Noise.sample": _noise_case(perturb.Logistic()),
     "Gumbel.sample": _noise_case(perturb.Gumbel(2.0)),
     "Normal.sample": _noise_case(perturb.Normal(0.5)),
+    "NegativeExponential.sample": _noise_case(perturb.NegativeExponential(0.3)),
     "Uniform.sample": _noise_case(perturb.Uniform()),
     "Discrete.sample": _noise_case(perturb.Discrete([-1.0, 0.0, 2.0], [0.2, 0.5, 0.3])),
     "gumbel_sinkhorn": lambda s: _grad_of(

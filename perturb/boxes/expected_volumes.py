@@ -84,8 +84,9 @@ def check_box_noise(noise: object, name: str = "noise") -> None:
         raise ValueError(f"{name}={noise!r} lacks {', '.join(lacks)}: expected box volumes "
                          f"integrate the noise's CDF, so they need a continuous noise with "
                          f"cdf() and log_prob()")
-    if noise.bounded:
-        raise ValueError(f"{name}={noise!r} has bounded support: expected box volumes are "
+    if noise.bounded or not all(math.isinf(float(end)) for end in noise.support):
+        raise ValueError(f"{name}={noise!r} has bounded support {noise.support}: expected box "
+                         f"volumes are "
                          f"implemented for noise on the whole line (Gumbel, Normal, Logistic, "
                          f"or a user noise)")
 

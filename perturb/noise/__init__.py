@@ -20,19 +20,23 @@ perturbed scores drive the rest of the library (see the module docstring of
   (:mod:`perturb.noise._quadrature`, the one quadrature of the library, which also serves the
   identifiability checks), accurate to about 1e-13 for the built-in families, batched and
   differentiable by autograd.
+- :class:`NegativeExponential`: closed forms from one sort (segment integrals of the CDF of
+  the max).
 - :class:`Discrete`: exact, by counting over the support (ties split uniformly).
 
 Layout: :mod:`~perturb.noise.base` (the :class:`Noise` base class and its declared
 capabilities), :mod:`~perturb.noise.scale_families` (:class:`Gumbel`, :class:`Normal` =
-:data:`Gaussian`, :class:`Logistic`), :mod:`~perturb.noise.uniform`,
+:data:`Gaussian`, :class:`Logistic`), :mod:`~perturb.noise.exponential`
+(:class:`NegativeExponential`, closed forms), :mod:`~perturb.noise.uniform`,
 :mod:`~perturb.noise.discrete`. User-defined noise subclasses :class:`Noise`; see there for how
 capabilities are declared.
 """
 from perturb._math import EULER_GAMMA
 from perturb.noise.base import Noise, QuadratureLayout
 from perturb.noise.discrete import Discrete
+from perturb.noise.exponential import NegativeExponential
 from perturb.noise.scale_families import Gaussian, Gumbel, Logistic, Normal
 from perturb.noise.uniform import Uniform
 
-__all__ = ["Noise", "Gumbel", "Normal", "Gaussian", "Logistic", "Uniform", "Discrete",
-           "EULER_GAMMA", "QuadratureLayout"]
+__all__ = ["Noise", "Gumbel", "Normal", "Gaussian", "Logistic", "NegativeExponential", "Uniform",
+           "Discrete", "EULER_GAMMA", "QuadratureLayout"]

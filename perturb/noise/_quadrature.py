@@ -154,6 +154,8 @@ def _terms(noise: "Noise", theta: torch.Tensor, *, cover: str = "max", refine: i
     kinks = tuple(float(k) for k in noise.breakpoints)
     if not noise.bounded:
         low, high, width = float(layout.low), float(layout.high), float(layout.width)
+        if kinks:   # every kink of the largest score strictly inside, where its edge can move
+            high = max(high, max(kinks) + min(width, high - low))
         m = theta.detach().amax(-1, keepdim=True)
         if cover == "max":
             n_panels = max(1, math.ceil((high - low) / width))
@@ -165,12 +167,20 @@ def _terms(noise: "Noise", theta: torch.Tensor, *, cover: str = "max", refine: i
             edges = start + span * torch.linspace(0.0, 1.0, n_panels + 1, dtype=_F64,
                                                   device=theta.device)
         lo, hi = edges[..., :1], edges[..., -1:]
+        rank = None
         if kinks:
             at = torch.cat([theta + k for k in kinks], -1)
             at = torch.minimum(torch.maximum(at, lo), hi)
-            edges = torch.cat([edges.expand(*theta.shape[:-1], -1), at], -1).sort(-1).values
+            n_grid = edges.shape[-1]
+            edges, perm = torch.cat([edges.expand(*theta.shape[:-1], -1), at], -1).sort(
+                dim=-1, stable=True)
+            rank = torch.empty_like(perm).scatter_(
+                -1, perm, torch.arange(perm.shape[-1], device=perm.device).expand_as(perm))
+            rank = rank[..., n_grid:]                                   # (*batch, K·d)
         x, w = gl_pieces(edges, order, refine)
         z = x.unsqueeze(-1) - theta.unsqueeze(-2)                       # (*batch, N, d)
+        if rank is not None:
+            z = _kink_sides(z, rank, kinks, order * refine)
         log_cdf = noise.log_cdf(z)
         if floor:
             log_cdf = log_cdf.clamp_min(_LOG_TINY64)
@@ -192,6 +202,25 @@ def _terms(noise: "Noise", theta: torch.Tensor, *, cover: str = "max", refine: i
     log_cdf = torch.where(after, torch.zeros_like(z), log_cdf)
     log_cdf = torch.where(before, torch.full_like(z, zero), log_cdf)
     return _Terms(w, log_f, log_cdf, edges[..., 0])
+
+
+def _kink_sides(z: torch.Tensor, rank: torch.Tensor, kinks: tuple[float, ...],
+                per_piece: int) -> torch.Tensor:
+    """``z = x − θ_j`` put on the side of each kink ``k`` that the sorted edges say (the piece of
+    the node before or after the edge ``θ_j + k``, by its rank), one ulp away from ``k``.
+
+    Only zero-length pieces, at tied kinks, change: there every node sits on the kink, and the
+    jump of the density must be seen on the side the sort placed it, so that the derivative of
+    the moving edges (Leibniz' boundary terms) reaches the coordinate whose kink it is.
+    ``rank``: ``(*batch, K·d)`` positions of the kinks among the sorted edges."""
+    d = z.shape[-1]
+    piece = torch.arange(z.shape[-2], device=z.device) // per_piece
+    piece = piece.view(*(1,) * (z.ndim - 2), -1, 1)                   # (..., N, 1)
+    for q, k in enumerate(kinks):
+        left = piece < rank[..., None, q * d:(q + 1) * d]
+        z = torch.where(left, z.clamp(max=math.nextafter(k, -math.inf)),
+                        z.clamp(min=math.nextafter(k, math.inf)))
+    return z
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ from perturb.boxes import (Box, containment_prob, expected_volume, intersection,
                            log1m_containment_prob, log_containment_prob, overlap, volume,
                            volume_regularizer)
 from perturb.boxes.volumes import _log_volume
-from perturb.noise import Discrete, Gumbel, Logistic, Noise, Normal, Uniform
+from perturb.noise import (Discrete, Gumbel, Logistic, NegativeExponential, Noise, Normal,
+                           Uniform)
 
 F64 = torch.float64
 
@@ -230,7 +231,7 @@ class _NoCdf(Noise):
 @pytest.mark.parametrize("noise, match", [
     (Discrete([0.0, 1.0], [0.5, 0.5]), "lacks continuous"),
     (_NoCdf(), "lacks has_cdf, has_log_prob"),
-    (Uniform(), "bounded support"),
+    (Uniform(), "bounded support"), (NegativeExponential(), r"bounded support \(-inf, 0.0\)"),
     ("gumbel", "must be a perturb.noise.Noise"),
     (Normal, r"got the class Normal; pass noise=Normal\(\)"),
 ])

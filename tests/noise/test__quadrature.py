@@ -158,3 +158,32 @@ def test_declared_ranges_leave_the_stated_mass_outside(d):
     lay = Uniform(0.0, 3.0).quadrature_layout(d)
     assert (lay.low, lay.high, lay.width) == (0.0, 3.0, math.inf)
     assert lay.order == min(d // 2 + 1, 32)
+
+
+class _JumpNoise(Noise):
+    """A user noise whose density jumps inside the grid (negative exponential, no closed form):
+    only ``breakpoints`` tells the quadrature where."""
+
+    breakpoints = (0.0,)
+
+    def cdf(self, x):
+        return torch.exp(torch.as_tensor(x).clamp(max=0.0))
+
+    def log_prob(self, x):
+        x = torch.as_tensor(x)
+        return torch.where(x <= 0, x, torch.full_like(x, -math.inf))
+
+    def icdf(self, u):
+        return torch.log(torch.as_tensor(u))
+
+
+@pytest.mark.parametrize("theta", [[0.0, 0.0, 0.0], [0.3, 0.3, -0.5], [0.0, 1.0, 0.0]])
+def test_jacobian_at_tied_kinks_reaches_the_right_coordinate(theta):
+    """At tied scores the kinks θ_j + 0 coincide; the derivative of the moving edges must reach
+    the coordinate whose kink each edge is (the closed form of NegativeExponential is the
+    reference: its Jacobian is checked against finite differences in test_exponential.py)."""
+    from perturb.noise import NegativeExponential
+    t = torch.tensor(theta, dtype=torch.float64)
+    jac = torch.autograd.functional.jacobian(lambda v: argmax_probs(_JumpNoise(), v), t)
+    ref = torch.autograd.functional.jacobian(NegativeExponential().argmax_probs, t)
+    torch.testing.assert_close(jac, ref, rtol=0, atol=1e-10)

@@ -18,13 +18,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate, stats
 
-from perturb.noise import Discrete, Gaussian, Gumbel, Logistic, Noise, Normal, Uniform
+from perturb.noise import (Discrete, Gaussian, Gumbel, Logistic, NegativeExponential, Noise,
+                           Normal, Uniform)
 from perturb.noise.base import QuadratureLayout
 
 F64 = torch.float64
 
 CONTINUOUS = [Gumbel(), Gumbel(scale=0.4), Normal(), Normal(scale=2.5), Logistic(),
-              Logistic(scale=0.3), Uniform(), Uniform(0.0, 3.0)]
+              Logistic(scale=0.3), NegativeExponential(), NegativeExponential(scale=0.6),
+              Uniform(), Uniform(0.0, 3.0)]
 DISCRETE = [Discrete([-1.0, 0.0, 1.0]), Discrete([0.5, -2.0, 1.0], [0.2, 0.5, 0.3])]
 ALL = CONTINUOUS + DISCRETE
 
@@ -42,6 +44,8 @@ def excess_kurtosis(noise: Noise) -> float:
         return 6 / 5
     if isinstance(noise, Uniform):
         return -6 / 5
+    if isinstance(noise, NegativeExponential):
+        return 6.0
     v, p = np.array(noise.values), np.array(noise.probs)
     c = v - noise.mean
     return float(np.dot(p, c ** 4)) / noise.variance ** 2 - 3
@@ -56,7 +60,28 @@ def scipy_dist(noise: Noise):
         return stats.logistic(scale=noise.scale)
     if isinstance(noise, Uniform):
         return stats.uniform(loc=noise.low, scale=noise.high - noise.low)
+    if isinstance(noise, NegativeExponential):
+        return _Reflected(stats.expon(scale=noise.scale))
     raise TypeError(noise)
+
+
+class _Reflected:
+    """The law of −X for a frozen scipy distribution of X (scipy has no negative exponential)."""
+
+    def __init__(self, dist):
+        self.dist = dist
+
+    def cdf(self, x):
+        return self.dist.sf(-np.asarray(x))
+
+    def logcdf(self, x):
+        return self.dist.logsf(-np.asarray(x))
+
+    def logpdf(self, x):
+        return self.dist.logpdf(-np.asarray(x))
+
+    def ppf(self, u):
+        return -self.dist.isf(u)
 
 
 # ---------------------------------------------------------------------------------------------
