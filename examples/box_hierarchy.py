@@ -49,6 +49,7 @@ from perturb.boxes.hierarchy import (  # noqa: E402
     wordnet_noun_hierarchy,
 )
 from perturb.boxes.losses import PairSet, sample_negatives  # noqa: E402
+from perturb.noise import Gumbel, Logistic, Normal  # noqa: E402
 
 METHODS = ("gumbel", "soft", "hard")
 #: Boxes whose corners are perturbed by another noise (expected volumes by quadrature; slower).
@@ -127,6 +128,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def box_model(method, hp, noise_scale):
+    """The trainer's box model of a method name of the flags: the corner noise (Gumbel with
+    the setting's β, or Normal / Logistic with --noise-scale), or no noise (soft boxes with the
+    setting's temperature, hard boxes)."""
+    if method == "gumbel":
+        return dict(noise=Gumbel(hp["beta"]), volume_beta=hp["volume_beta"])
+    if method in NOISE_METHODS:
+        return dict(noise={"normal": Normal, "logistic": Logistic}[method](noise_scale))
+    return dict(noise=None, temperature=hp["temperature"] if method == "soft" else None)
+
+
 def train_phased(graph, dim, method, args, epochs, negatives, seed, hp, eval_fn=None,
                  eval_every=0, train_edges=None, world_size=1, known_edges=None, tag=None):
     """train_hierarchy with the lr schedule: `epochs` at lr, then --decay-epochs at lr/5 and at
@@ -137,9 +149,7 @@ def train_phased(graph, dim, method, args, epochs, negatives, seed, hp, eval_fn=
         phases += [(args.decay_epochs, args.lr / 5), (args.decay_epochs, args.lr / 25)]
     model, zero, zero_curve, stalled_curve, f1_curve, done = None, [], [], [], [], 0
     for i, (ep, lr) in enumerate(phases):
-        beta = args.noise_scale if method in NOISE_METHODS else hp["beta"]
-        kw = dict(beta=beta, volume_beta=hp["volume_beta"], temperature=hp["temperature"],
-                  epochs=ep, lr=lr, negatives_per_positive=negatives, batch_size=args.batch_size,
+        kw = dict(**box_model(method, hp, args.noise_scale), epochs=ep, lr=lr, negatives_per_positive=negatives, batch_size=args.batch_size,
                   seed=seed + 1000 * i, device=args.device, model=model, train_edges=train_edges,
                   known_edges=known_edges, diagnostics_every=args.diagnostics_every,
                   initializer=args.initializer)
@@ -148,10 +158,10 @@ def train_phased(graph, dim, method, args, epochs, negatives, seed, hp, eval_fn=
             kw.update(checkpoint=os.path.join(args.checkpoint_dir, f"{tag}-{method}-d{dim}-"
                                               f"seed{seed}-phase{i}.pt"), resume=True)
         if world_size > 1:
-            res = train_hierarchy_distributed(graph, dim, method, world_size=world_size,
+            res = train_hierarchy_distributed(graph, dim, world_size=world_size,
                                               threads_per_process=args.threads or 1, **kw)
         else:
-            res = train_hierarchy(graph, dim, method, progress=not args.no_progress,
+            res = train_hierarchy(graph, dim, progress=not args.no_progress,
                                   eval_fn=eval_fn,
                                   eval_every=min(eval_every, ep) if eval_fn else 0, **kw)
         model, h = res.model, res.history
@@ -336,7 +346,7 @@ def _draw_boxes_2d(plt, args):
     import matplotlib.patches as patches
 
     g = balanced_tree(2, 3)
-    res = train_hierarchy(g, 2, "gumbel", beta=args.beta, volume_beta=args.volume_beta,
+    res = train_hierarchy(g, 2, Gumbel(args.beta), volume_beta=args.volume_beta,
                           epochs=100, lr=0.05, batch_size=64, negatives_per_positive=16,
                           seed=args.seed, progress=False)
     boxes = res.model.embedding.all_boxes()

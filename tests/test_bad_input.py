@@ -580,7 +580,12 @@ CATALOGUE: dict[str, list[Case]] = {
     ],
     "log1mexp": [Case("x > 0", lambda: boxes.log1mexp(torch.tensor([0.5])), "x")],
     "BoxHierarchyModel": _int_cases(lambda n: boxes.BoxHierarchyModel(n, 3), "num_nodes", 0)
-    + [Case("unknown method", lambda: boxes.BoxHierarchyModel(4, 3, method="soft2"), "method")],
+    + [Case("unknown method", lambda: boxes.BoxHierarchyModel(4, 3, method="soft2"), "method"),
+       Case("a noise name", lambda: boxes.BoxHierarchyModel(4, 3, "gaussian"), "noise must be"),
+       Case("a bounded noise", lambda: boxes.BoxHierarchyModel(4, 3, perturb.Uniform()),
+            "bounded support"),
+       Case("temperature with a noise", lambda: boxes.BoxHierarchyModel(
+           4, 3, perturb.Normal(0.1), temperature=0.5), "temperature")],
     "train_hierarchy": [
         Case("not a DiGraph", lambda: boxes.train_hierarchy([(1, 0)], 2), "graph"),
         Case("accuracy_threshold > 1", lambda: boxes.train_hierarchy(

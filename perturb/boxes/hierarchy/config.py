@@ -11,16 +11,29 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
+from perturb._deprecation import warn_future
 from perturb._validation import check_choice, check_int, check_tau
+from perturb.boxes.expected_volumes import check_box_noise
+from perturb.noise import Gumbel, Logistic, Noise, Normal
 
-__all__ = ["HierarchyConfig", "METHODS", "PARAMETERISATIONS", "INITIALIZERS"]
+__all__ = ["HierarchyConfig", "METHODS", "DEFAULT_NOISE", "PARAMETERISATIONS", "INITIALIZERS",
+           "box_model", "resolve_box_model", "noise_record", "noise_from_record"]
 
-#: Box models of :class:`~perturb.boxes.hierarchy.BoxHierarchyModel`.
+#: Names of the box models (:func:`box_model`): the noises of the corners, or the two models
+#: without noise, "soft" (softplus-smoothed volumes) and "hard". As values of the deprecated
+#: ``method=`` argument they still select the model, with a FutureWarning.
 METHODS = ("gumbel", "soft", "hard", "normal", "logistic")
+#: The noise each noise name of :data:`METHODS` stands for (its scale: the old ``beta``).
+_METHOD_NOISES: dict[str, Callable[..., Noise]] = {"gumbel": Gumbel, "normal": Normal,
+                                                  "logistic": Logistic}
+_DEFAULT_SCALE = 0.01                         # Dasgupta et al.'s Gumbel β
+_DEFAULT_TEMPERATURE = 0.1
+#: The default box model: Gumbel boxes with β = 0.01 (Dasgupta et al. 2020).
+DEFAULT_NOISE: Noise = Gumbel(scale=_DEFAULT_SCALE)
 #: Initialisations of a run's boxes (:attr:`HierarchyConfig.initializer`).
 INITIALIZERS = ("random", "nested")
 #: Box parameterisations of :class:`~perturb.boxes.BoxEmbedding`.
@@ -31,18 +44,115 @@ _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torc
 RESUMABLE_CHANGES = ("epochs", "checkpoint_every", "eval_every")
 
 
+def box_model(noise: Noise | None, temperature: float | None) -> str:
+    """The name of a box model: its noise's family in lower case ("gumbel", "normal",
+    "logistic", …), or "soft" (no noise, softplus volumes of ``temperature``) or "hard"."""
+    if noise is not None:
+        return type(noise).__name__.lower()
+    return "soft" if temperature is not None else "hard"
+
+
+def resolve_box_model(fn: str, noise: Any, temperature: Any, method: str | None = None,
+                      beta: float | None = None, *, warn: bool = True
+                      ) -> tuple[Noise | None, float | None]:
+    """``(noise, temperature)`` of a box model given the new spelling (``noise`` a
+    :class:`~perturb.noise.Noise` or None, ``temperature`` the softplus smoothing of noiseless
+    boxes) or the deprecated one of ``fn`` (``method`` a name of :data:`METHODS`, also
+    accepted in place of ``noise``; ``beta`` the noise scale), which warns unless ``warn`` is
+    False (files written before the change). Validated; ValueError naming the argument."""
+    if isinstance(noise, str):
+        if noise not in METHODS:
+            raise ValueError(f"noise must be a perturb.noise.Noise (e.g. Gumbel(scale=0.01), "
+                             f"Normal(0.05)) or None, got {noise!r}")
+        if method is not None:
+            raise ValueError(f"{fn}: got the box model twice, noise={noise!r} and "
+                             f"method={method!r}")
+        noise, method = None, noise
+    if method is not None:
+        check_choice(method, METHODS, "method")
+        if noise is not None and noise != DEFAULT_NOISE:
+            raise ValueError(f"{fn}: give noise={noise!r} or the deprecated method={method!r}, "
+                             f"not both")
+        kind = _METHOD_NOISES.get(method)
+        scale = _DEFAULT_SCALE if beta is None else beta
+        check_tau(scale, "beta")
+        if method == "soft" and temperature is not None:
+            check_tau(temperature, "temperature")
+        if kind is not None:
+            instead = f"noise={getattr(kind, '__name__', method)}(scale={scale})"
+        elif method == "soft":
+            instead = (f"noise=None, temperature={temperature or _DEFAULT_TEMPERATURE} (soft "
+                       f"boxes: a smoothing of the hard volume, not a noise)")
+        else:
+            instead = "noise=None (hard boxes: the zero-noise limit)"
+        if warn:
+            warn_future(fn, f"method={method!r}", f"give {instead}")
+        if kind is not None:
+            return kind(scale=float(scale)), None
+        if method == "soft":
+            t = _DEFAULT_TEMPERATURE if temperature is None else temperature
+            check_tau(t, "temperature")
+            return None, float(t)
+        return None, None
+    if beta is not None:
+        check_tau(beta, "beta")
+        if warn:
+            warn_future(fn, "beta=", "give the scale in the noise: noise=Gumbel(scale=β)")
+        if noise is None:
+            raise ValueError(f"{fn}: beta={beta!r} is a noise scale, but noise=None")
+        noise = type(noise)(scale=float(beta))
+    if noise is not None:
+        check_box_noise(noise)
+        if temperature is not None:
+            raise ValueError(f"temperature={temperature!r} is the softplus smoothing of boxes "
+                             f"without noise (noise=None); drop it or noise={noise!r}")
+        return noise, None
+    if temperature is not None:
+        check_tau(temperature, "temperature")
+        temperature = float(temperature)
+    return None, temperature
+
+
+def noise_record(noise: Noise | None) -> dict[str, Any] | None:
+    """Plain values describing a noise of :mod:`perturb.noise` (JSON, ``weights_only``)."""
+    if noise is None:
+        return None
+    params: dict[str, Any] = noise._params() or {}
+    return {"family": type(noise).__name__, **{k: float(v) for k, v in params.items()}}
+
+
+def noise_from_record(record: Any) -> Any:
+    """The noise of :func:`noise_record` (a Noise, and a deprecated name of :data:`METHODS`
+    for :func:`resolve_box_model`, pass through); ValueError otherwise."""
+    if record is None or isinstance(record, (Noise, str)):
+        return record
+    import perturb.noise as noises
+    family = record.get("family") if isinstance(record, Mapping) else None
+    cls = getattr(noises, family, None) if isinstance(family, str) else None
+    if not (isinstance(cls, type) and issubclass(cls, Noise)):
+        raise ValueError(f"noise must be a perturb.noise.Noise, None or a record "
+                         f"{{'family': 'Normal', 'scale': 0.1}}, got {record!r}")
+    return cls(**{k: v for k, v in record.items() if k != "family"})
+
+
 @dataclasses.dataclass(frozen=True)
 class HierarchyConfig:
     """Hyper-parameters of a box-hierarchy run (model, optimisation, negatives, diagnostics).
 
-    Model:
+    Model (:class:`BoxHierarchyModel`):
         dim: box dimension d (>= 1).
-        method: "gumbel", "soft", "hard", or "normal" / "logistic" (corners perturbed by that
-            noise with scale ``beta``; see :class:`BoxHierarchyModel`).
-        beta, volume_beta: Gumbel intersection / volume scales (> 0; ``volume_beta=None``: use
-            ``beta``). The defaults (0.01, 0.1) follow Dasgupta et al. 2020. For "normal" and
-            "logistic", ``beta`` is the noise scale and ``volume_beta`` is not used.
-        temperature: softplus temperature of soft volumes (> 0).
+        noise: the noise perturbing every corner (a :class:`~perturb.noise.Noise` on the whole
+            line: ``Gumbel(scale=β)``, the default with β = 0.01 after Dasgupta et al. 2020,
+            ``Normal(σ)``, ``Logistic(s)``), or None for boxes without noise: hard boxes, or
+            soft ones with ``temperature``.
+        volume_beta: Gumbel noise only: the scale of the expected volumes (> 0; default 0.1
+            after Dasgupta et al.; None: the noise's scale). Not used by other noises.
+        temperature: ``noise=None`` only: the softplus temperature (> 0) of soft boxes (Li et
+            al. 2019: a smoothing of the hard volume, not a noise); None: hard boxes.
+        method, beta: deprecated (FutureWarning; removed in 0.3), not fields: ``method`` is
+            "gumbel", "normal", "logistic" (``noise=`` that family with scale ``beta``),
+            "soft" or "hard"; ``beta`` alone sets the noise's scale. A checkpoint or saved
+            config of the old format loads without a warning.
         parameterisation: "center_offset", "min_delta" or "sigmoid" (BoxEmbedding).
         init: side-length range ``(min_side, max_side)`` of the random initialisation, in
             (0, 1).
@@ -92,13 +202,15 @@ class HierarchyConfig:
         >>> cfg = HierarchyConfig(dim=10, epochs=20)
         >>> cfg.replace(lr=0.01).lr
         0.01
+        >>> from perturb.noise import Normal
+        >>> cfg.replace(noise=Normal(0.05)).box_model
+        'normal'
     """
 
     dim: int = 10
-    method: str = "gumbel"
-    beta: float = 0.01
+    noise: Noise | None = DEFAULT_NOISE
     volume_beta: float | None = 0.1
-    temperature: float = 0.1
+    temperature: float | None = None
     parameterisation: str = "center_offset"
     init: tuple[float, float] = (0.1, 0.5)
     initializer: str = "random"
@@ -119,11 +231,16 @@ class HierarchyConfig:
     accuracy_threshold: float = 0.5
     eval_every: int = 0
     checkpoint_every: int = 1
+    method: dataclasses.InitVar[str | None] = None
+    beta: dataclasses.InitVar[float | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, method: str | None, beta: float | None) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)      # noqa: E731 (frozen)
         set_("dim", check_int(self.dim, "dim", low=1))
-        check_choice(self.method, METHODS, "method")
+        noise, temperature = resolve_box_model("HierarchyConfig", noise_from_record(self.noise),
+                                               self.temperature, method, beta)
+        set_("noise", noise)
+        set_("temperature", temperature)
         check_choice(self.parameterisation, PARAMETERISATIONS, "parameterisation")
         check_choice(self.sampler, ("auto", "adaptive", "fixed"), "sampler")
         check_choice(self.initializer, INITIALIZERS, "initializer")
@@ -131,9 +248,8 @@ class HierarchyConfig:
             raise ValueError("initializer='nested' builds boxes of side up to 10, which the "
                              "'sigmoid' parameterisation (boxes inside the unit cube) cannot "
                              "hold; use 'center_offset' or 'min_delta'")
-        for name in ("beta", "temperature", "lr"):
-            check_tau(getattr(self, name), name)
-            set_(name, float(getattr(self, name)))
+        check_tau(self.lr, "lr")
+        set_("lr", float(self.lr))
         if self.volume_beta is not None:
             check_tau(self.volume_beta, "volume_beta")
             set_("volume_beta", float(self.volume_beta))
@@ -175,31 +291,53 @@ class HierarchyConfig:
         """``dtype`` as a ``torch.dtype``."""
         return _DTYPES[self.dtype]
 
+    @property
+    def box_model(self) -> str:
+        """The box model's name: "gumbel", "normal", "logistic", …, "soft" or "hard"."""
+        return box_model(self.noise, self.temperature)
+
     def replace(self, **changes: Any) -> "HierarchyConfig":
-        """A copy with ``changes`` applied (validated); TypeError for an unknown field."""
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        """A copy with ``changes`` applied (validated); TypeError for an unknown field.
+
+        A new ``noise`` or ``temperature`` replaces the box model: ``replace(noise=None)``
+        gives hard boxes, ``replace(noise=None, temperature=0.1)`` soft ones."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - names - {"method", "beta"})
         if unknown:
             raise TypeError(f"unknown HierarchyConfig field(s) {unknown}; the fields are "
                             f"{[f.name for f in dataclasses.fields(self)]}")
+        if "noise" in changes and changes["noise"] is not None and "temperature" not in changes:
+            changes["temperature"] = None
+        if changes.get("method") is not None:
+            changes.setdefault("noise", None)           # the method names the whole model
+            changes.setdefault("temperature", None)
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain Python values only (safe for ``torch.load(weights_only=True)`` and JSON)."""
-        d = dataclasses.asdict(self)
+        """Plain Python values only (safe for ``torch.load(weights_only=True)`` and JSON);
+        the noise as ``{"family": "Gumbel", "scale": 0.01}``."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["noise"] = noise_record(self.noise)
         d["init"] = list(self.init)
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "HierarchyConfig":
-        """Inverse of :meth:`to_dict` (unknown keys: TypeError)."""
-        return cls().replace(**{k: tuple(v) if k == "init" else v for k, v in data.items()})
+        """Inverse of :meth:`to_dict` (unknown keys: TypeError). Also reads the format before
+        noise objects (``method``/``beta`` keys), without a warning."""
+        data = {k: tuple(v) if k == "init" else v for k, v in data.items()}
+        if "method" in data:
+            noise, temperature = resolve_box_model(
+                "HierarchyConfig.from_dict", None, data.get("temperature"), data.pop("method"),
+                data.pop("beta", None), warn=False)
+            data.update(noise=noise, temperature=temperature)
+        return cls(**data)
 
     def model_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of :class:`BoxHierarchyModel` (besides ``num_nodes``)."""
-        return dict(dim=self.dim, method=self.method, beta=self.beta,
-                    volume_beta=self.volume_beta, temperature=self.temperature,
-                    parameterisation=self.parameterisation, init=self.init,
-                    dtype=self.torch_dtype)
+        return dict(dim=self.dim, noise=self.noise, volume_beta=self.volume_beta,
+                    temperature=self.temperature, parameterisation=self.parameterisation,
+                    init=self.init, dtype=self.torch_dtype)
 
     def differences(self, other: "HierarchyConfig", ignore: tuple[str, ...] = ()
                     ) -> dict[str, tuple[Any, Any]]:

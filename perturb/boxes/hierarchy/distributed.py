@@ -65,6 +65,7 @@ from perturb.boxes.hierarchy.rng import resolve_generator
 from perturb.boxes.hierarchy.training import (Trainer, TrainHistory, TrainResult,
                                               initial_model, resolve_config, training_pairs)
 from perturb.boxes.losses import PairSet
+from perturb.noise import Noise
 
 __all__ = ["train_hierarchy_distributed", "free_port", "select_backend", "BACKENDS"]
 
@@ -233,7 +234,7 @@ def _worker_error(out_path: str) -> str | None:
 
 
 def train_hierarchy_distributed(graph: nx.DiGraph, dim: int | None = None,
-                                method: str | None = None, *,
+                                method: Noise | str | None = None, *,
                                 config: HierarchyConfig | None = None,
                                 world_size: int | None = None,
                                 backend: str | None = None, master_addr: str = "127.0.0.1",

@@ -25,7 +25,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from perturb.boxes.hierarchy.config import RESUMABLE_CHANGES, HierarchyConfig
+from perturb.boxes.hierarchy.config import (RESUMABLE_CHANGES, HierarchyConfig,
+                                            resolve_box_model)
 from perturb.boxes.hierarchy.model import BoxHierarchyModel, check_model
 
 __all__ = ["atomic_save", "save_model", "load_model", "SavedModel", "MODEL_FORMAT",
@@ -110,6 +111,10 @@ def load_model(path: str | os.PathLike, *, device: torch.device | str | None = N
         raise ValueError(f"{os.fspath(path)} is not a hierarchy model saved by save_model "
                          f"(format {MODEL_FORMAT!r})")
     hp = dict(data["hparams"])
+    if "method" in hp:     # written before noise objects: the same model, without a warning
+        hp["noise"], hp["temperature"] = resolve_box_model(
+            "load_model", None, hp.get("temperature"), hp.pop("method"), hp.pop("beta", None),
+            warn=False)
     hp["dtype"] = getattr(torch, hp["dtype"])
     hp["init"] = tuple(hp["init"])
     model = BoxHierarchyModel(**hp, nodes=data["nodes"], device=device)

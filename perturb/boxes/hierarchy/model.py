@@ -13,13 +13,13 @@ computes both for a batch in one pass (one embedding lookup, one volume evaluati
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, NamedTuple, Sequence
+from typing import Any, Hashable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from perturb._validation import check_choice, check_int, check_tau
+from perturb._validation import check_int, check_tau
 from perturb.boxes.box import Box
 from perturb.boxes.embedding import BoxEmbedding
 # TODO(intersections.py owner): export this as a public name (log(1 − P) given log P); it is
@@ -27,12 +27,9 @@ from perturb.boxes.embedding import BoxEmbedding
 from perturb.boxes.expected_volumes import expected_volume, volume
 from perturb.boxes.intersections import (_log1m_containment, intersection,
                                          log1m_containment_prob, log_containment_prob)
-from perturb.boxes.hierarchy.config import METHODS
-from perturb.noise import Logistic, Noise, Normal
-
-#: The box models whose corners are perturbed by a noise of scale ``beta`` (expected volumes
-#: by quadrature, :func:`~perturb.boxes.expected_volume`).
-_NOISES: dict[str, Callable[[float], Noise]] = {"normal": Normal, "logistic": Logistic}
+from perturb.boxes.hierarchy.config import (DEFAULT_NOISE, box_model, noise_from_record,
+                                            noise_record, resolve_box_model)
+from perturb.noise import Gumbel, Noise
 
 __all__ = ["BoxHierarchyModel", "PairScores", "check_model"]
 
@@ -48,21 +45,22 @@ class PairScores(NamedTuple):
 class BoxHierarchyModel(nn.Module):
     """Boxes for the nodes of a hierarchy, with the box model used to score pairs.
 
-    Wraps a :class:`~perturb.boxes.BoxEmbedding` (its own ``beta`` unused) and fixes how
-    containment is computed: ``method="gumbel"`` (Gumbel intersection with scale ``beta``,
-    expected volumes with scale ``volume_beta``; ``volume_beta=None`` uses ``beta``), ``"soft"``
-    (hard intersection, softplus volumes with ``temperature``), ``"hard"``, or ``"normal"`` /
-    ``"logistic"``: every corner perturbed by that noise with scale ``beta`` (lower ``+ε``,
-    upper ``−ε'``), containment the ratio of expected volumes
-    (:func:`~perturb.boxes.expected_volume`, by quadrature: about 10–100× the cost of the
-    Gumbel closed form, bench/RESULTS.md).
+    Wraps a :class:`~perturb.boxes.BoxEmbedding` (its own noise unused) and fixes how
+    containment is computed, from the noise perturbing every corner (lower ``+ε``, upper
+    ``−ε'``): ``noise=Gumbel(scale=β)`` (Gumbel intersection with scale β, expected volumes with
+    scale ``volume_beta``, None: β; the closed forms), any other noise on the line
+    (``Normal(σ)``, ``Logistic(s)``: containment the ratio of expected volumes,
+    :func:`~perturb.boxes.expected_volume`, by quadrature, about 10–100× the cost of the Gumbel
+    closed form, bench/RESULTS.md), or ``noise=None``: hard boxes, or soft boxes (hard
+    intersection, softplus volumes: a smoothing, not a noise) with ``temperature``.
 
     Args:
         num_nodes, dim: number of boxes and their dimension.
-        method: "gumbel", "soft", "hard", "normal" or "logistic".
-        beta, volume_beta: Gumbel scales (``method="gumbel"`` only); ``beta`` is the noise
-            scale of "normal" and "logistic".
-        temperature: softplus temperature (``method="soft"`` only).
+        noise: the corner noise (default ``Gumbel(scale=0.01)``), or None.
+        volume_beta: Gumbel noise only: the scale of the expected volumes.
+        temperature: ``noise=None`` only: the softplus temperature of soft boxes.
+        method, beta: deprecated (FutureWarning): "gumbel", "normal", "logistic" (that noise
+            with scale ``beta``), "soft" or "hard"; ``beta`` alone: the noise's scale.
         nodes: the node labels, ``nodes[i]`` owning box ``i`` (default ``range(num_nodes)``).
         parameterisation, init, generator, dtype, device: passed to ``BoxEmbedding``.
 
@@ -77,23 +75,20 @@ class BoxHierarchyModel(nn.Module):
         torch.Size([1])
     """
 
-    def __init__(self, num_nodes: int, dim: int, method: str = "gumbel", *,
-                 beta: float = 0.01, volume_beta: float | None = 0.1, temperature: float = 0.1,
+    def __init__(self, num_nodes: int, dim: int, noise: Noise | None = DEFAULT_NOISE, *,
+                 volume_beta: float | None = 0.1, temperature: float | None = None,
+                 method: str | None = None, beta: float | None = None,
                  nodes: Sequence[Hashable] | None = None, parameterisation: str = "center_offset",
                  init: float | Sequence[float] = (0.1, 0.5),
                  generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
         check_int(num_nodes, "num_nodes", low=1)
-        check_choice(method, METHODS, "method")
-        check_tau(beta, "beta")
-        check_tau(temperature, "temperature")
+        self.noise, self.temperature = resolve_box_model(
+            "BoxHierarchyModel", noise_from_record(noise), temperature, method, beta)
         if volume_beta is not None:
             check_tau(volume_beta, "volume_beta")
-        self.method = method
-        self.beta = float(beta)
         self.volume_beta = float(volume_beta) if volume_beta is not None else None
-        self.temperature = float(temperature)
         self.embedding = BoxEmbedding(num_nodes, dim, beta=None, parameterisation=parameterisation,
                                       init=init, generator=generator, dtype=dtype, device=device)
         self.nodes = list(nodes) if nodes is not None else list(range(num_nodes))
@@ -113,9 +108,20 @@ class BoxHierarchyModel(nn.Module):
     def device(self) -> torch.device:
         return self.embedding.param1.device
 
+    @property
+    def method(self) -> str:
+        """The box model's name: "gumbel", "normal", "logistic", …, "soft" or "hard"."""
+        return box_model(self.noise, self.temperature)
+
+    @property
+    def beta(self) -> float | None:
+        """The noise's scale (None without noise)."""
+        return None if self.noise is None else float(getattr(self.noise, "scale"))
+
     def hparams(self) -> dict[str, Any]:
-        """The constructor arguments (besides ``nodes``, ``generator``, ``device``)."""
-        return dict(num_nodes=self.num_nodes, dim=self.dim, method=self.method, beta=self.beta,
+        """The constructor arguments (besides ``nodes``, ``generator``, ``device``), plain
+        values (the noise as :func:`~perturb.boxes.hierarchy.config.noise_record`)."""
+        return dict(num_nodes=self.num_nodes, dim=self.dim, noise=noise_record(self.noise),
                     volume_beta=self.volume_beta, temperature=self.temperature,
                     parameterisation=self.embedding.parameterisation,
                     init=tuple(self.embedding.init), dtype=self.embedding.param1.dtype)
@@ -157,18 +163,22 @@ class BoxHierarchyModel(nn.Module):
         return Box.from_sigmoid(p1, p2)
 
     @property
-    def noise(self) -> Noise | None:
-        """The corner noise of the "normal" and "logistic" models (None for the others)."""
-        kind = _NOISES.get(self.method)
-        return None if kind is None else kind(self.beta)
+    def _gumbel_beta(self) -> float | None:
+        """β of Gumbel noise (the closed forms), else None."""
+        return float(self.noise.scale) if type(self.noise) is Gumbel else None
+
+    @property
+    def _quadrature_noise(self) -> Noise | None:
+        """A noise other than Gumbel (expected volumes by quadrature), else None."""
+        return None if self.noise is None or type(self.noise) is Gumbel else self.noise
 
     def _box_kwargs(self) -> dict[str, Any]:
-        noise = self.noise
-        if noise is not None:
-            return {"noise": noise}
-        if self.method == "gumbel":
-            return {"beta": self.beta, "volume_beta": self.volume_beta}
-        if self.method == "soft":
+        beta = self._gumbel_beta
+        if beta is not None:
+            return {"beta": beta, "volume_beta": self.volume_beta}
+        if self.noise is not None:
+            return {"noise": self.noise}
+        if self.temperature is not None:
             return {"temperature": self.temperature}
         return {}
 
@@ -213,7 +223,7 @@ class BoxHierarchyModel(nn.Module):
                     log_child: torch.Tensor | None = None) -> PairScores:
         """:meth:`score_pairs` for given boxes ``(P, d)``; ``log_child``: the children's log
         volumes when known (else computed with the intersection volumes, in one call)."""
-        noise = self.noise
+        noise = self._quadrature_noise
         if noise is not None:          # quadrature boxes: the core functions
             if log_child is None:
                 log_p = log_containment_prob(parent, child, noise=noise)
@@ -222,7 +232,8 @@ class BoxHierarchyModel(nn.Module):
                 log_p = (log_inter - log_child).clamp(max=0.0)
             return PairScores(log_p, log1m_containment_prob(parent[n_pos:], child[n_pos:],
                                                             noise=noise))
-        inter = intersection(parent, child, self.beta if self.method == "gumbel" else None)
+        beta = self._gumbel_beta
+        inter = intersection(parent, child, beta)
         if log_child is None:
             both = self._log_volume_box(Box(torch.cat([inter.lower, child.lower]),
                                             torch.cat([inter.upper, child.upper])))
@@ -230,13 +241,11 @@ class BoxHierarchyModel(nn.Module):
         else:
             log_inter = self._log_volume_box(inter)
         log_p = log_inter - log_child
-        if self.method == "hard":          # an empty hard child is contained in anything
+        if beta is None and self.temperature is None:   # an empty hard child: in anything
             log_p = torch.where(torch.isneginf(log_child), torch.zeros_like(log_p), log_p)
         log_p = log_p.clamp(max=0.0)
-        gumbel = self.method == "gumbel"
-        log1m = _log1m_containment(log_p[n_pos:], parent[n_pos:], child[n_pos:],
-                                   self.beta if gumbel else None,
-                                   (self.volume_beta or self.beta) if gumbel else None, False)
+        log1m = _log1m_containment(log_p[n_pos:], parent[n_pos:], child[n_pos:], beta,
+                                   None if beta is None else (self.volume_beta or beta), False)
         return PairScores(log_p, log1m)
 
     def log_volume(self, ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -244,20 +253,21 @@ class BoxHierarchyModel(nn.Module):
         return self._log_volume_box(self.embedding.all_boxes() if ids is None else self(ids))
 
     def _log_volume_box(self, box: Box) -> torch.Tensor:
-        noise = self.noise
+        noise = self._quadrature_noise
         if noise is not None:
             return expected_volume(box, noise=noise, log=True)
-        if self.method == "gumbel":
-            return volume(box, beta=self.volume_beta or self.beta, log=True)
-        if self.method == "soft":
-            return volume(box, temperature=self.temperature, log=True)
-        return volume(box, log=True)
+        beta = self._gumbel_beta
+        if beta is not None:
+            return volume(box, beta=self.volume_beta or beta, log=True)
+        return volume(box, temperature=self.temperature, log=True)
 
     def extra_repr(self) -> str:
-        extra = {"gumbel": f", beta={self.beta}, volume_beta={self.volume_beta}",
-                 "soft": f", temperature={self.temperature}", "hard": "",
-                 "normal": f", beta={self.beta}", "logistic": f", beta={self.beta}"}[self.method]
-        return f"num_nodes={self.num_nodes}, dim={self.dim}, method={self.method!r}{extra}"
+        if self.noise is None:
+            model = f"noise=None, temperature={self.temperature}"
+        else:
+            model = f"noise={self.noise!r}" + (f", volume_beta={self.volume_beta}"
+                                               if self._gumbel_beta is not None else "")
+        return f"num_nodes={self.num_nodes}, dim={self.dim}, {model}"
 
 
 def check_model(model: object) -> None:

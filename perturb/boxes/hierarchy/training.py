@@ -60,6 +60,7 @@ from perturb.boxes.hierarchy.io import atomic_save, checkpoint_header, load_chec
 from perturb.boxes.hierarchy.model import BoxHierarchyModel, PairScores
 from perturb.boxes.hierarchy.rng import resolve_generator, spawn_generator
 from perturb.boxes.losses import PairSet, negative_nll, sample_negatives
+from perturb.noise import Noise
 
 __all__ = [
     "TrainHistory",
@@ -129,16 +130,20 @@ class TrainResult(NamedTuple):
 # ----------------------------------------------------------------------------- set-up
 
 def resolve_config(config: HierarchyConfig | None, dim: int | None = None,
-                   method: str | None = None, **overrides: Any) -> HierarchyConfig:
+                   method: Any = None, **overrides: Any) -> HierarchyConfig:
     """``config`` (default ``HierarchyConfig()``) with ``dim``, ``method`` and ``overrides``
-    replacing its fields (validated; TypeError for an unknown field)."""
+    replacing its fields (validated; TypeError for an unknown field). ``method``, the third
+    positional argument of the trainers, is the box model: a noise (or None given as
+    ``noise=``), or a deprecated name of :data:`~perturb.boxes.hierarchy.config.METHODS`."""
     if config is None:
         config = HierarchyConfig()
     elif not isinstance(config, HierarchyConfig):
         raise ValueError(f"config must be a HierarchyConfig, got {type(config).__name__}")
     if dim is not None:
         overrides["dim"] = dim
-    if method is not None:
+    if isinstance(method, Noise):
+        overrides["noise"] = method
+    elif method is not None:
         overrides["method"] = method
     return config.replace(**overrides) if overrides else config
 
@@ -452,7 +457,7 @@ def _progress(iterable: Any, enabled: bool, desc: str) -> Any:
     return tqdm(iterable, desc=desc, leave=False)
 
 
-def train_hierarchy(graph: nx.DiGraph, dim: int | None = None, method: str | None = None, *,
+def train_hierarchy(graph: nx.DiGraph, dim: int | None = None, method: Noise | str | None = None, *,
                     config: HierarchyConfig | None = None, train_edges: Any = None,
                     known_edges: torch.Tensor | None = None,
                     generator: torch.Generator | None = None,
@@ -467,7 +472,9 @@ def train_hierarchy(graph: nx.DiGraph, dim: int | None = None, method: str | Non
     Args:
         graph: ``networkx.DiGraph``, edges ``child -> parent``, acyclic. Box ``i`` belongs to
             ``list(graph.nodes)[i]``.
-        dim, method: shortcuts for the config fields of the same name.
+        dim, method: shortcuts: ``dim`` the config field, ``method`` the box model, a noise
+            (the config's ``noise``; ``noise=None`` by keyword) or a deprecated name ("gumbel",
+            "soft", …; FutureWarning).
         config: the hyper-parameters (:class:`HierarchyConfig`, default ``HierarchyConfig()``);
             its fields may also be given as keyword arguments (``epochs=20, seed=0``), which
             replace those of ``config``.

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from perturb.noise import Gumbel
 from perturb.boxes.hierarchy import (balanced_tree, free_port, train_hierarchy,
                                      train_hierarchy_distributed)
 
@@ -29,7 +30,7 @@ def test_two_processes_match_single_process_full_batch():
     """Without negatives, 2 ranks x (half of the edges) with DDP's gradient averaging take the
     same Adam steps as one process on the full batch: equal parameters after training."""
     g = balanced_tree(2, 3)                  # 15 nodes, closure of 34 edges: shards of 17
-    kw = dict(method="gumbel", beta=0.2, epochs=4, lr=0.05, negatives_per_positive=0, seed=3,
+    kw = dict(noise=Gumbel(0.2), epochs=4, lr=0.05, negatives_per_positive=0, seed=3,
               dtype=torch.float64)
     dist_res = train_hierarchy_distributed(g, 2, world_size=2, batch_size=17, **kw)
     single = train_hierarchy(g, 2, batch_size=34, progress=False, **kw)
@@ -56,7 +57,7 @@ def test_nested_start_is_the_same_in_every_process():
     """initializer="nested": each rank builds the boxes of train_hierarchy from the shared
     seed, so 2 ranks still match one process on the full batch."""
     g = balanced_tree(2, 3)
-    kw = dict(method="gumbel", beta=0.2, epochs=2, lr=0.05, negatives_per_positive=0, seed=3,
+    kw = dict(noise=Gumbel(0.2), epochs=2, lr=0.05, negatives_per_positive=0, seed=3,
               dtype=torch.float64, initializer="nested")
     dist_res = train_hierarchy_distributed(g, 2, world_size=2, batch_size=17, **kw)
     single = train_hierarchy(g, 2, batch_size=34, progress=False, **kw)
@@ -92,7 +93,7 @@ def test_distributed_checkpoint_resume(tmp_path):
     """2 processes, interrupted after 2 epochs (a shorter run with the same config), resumed to
     4: the same parameters as 4 epochs in one go (every rank's generator is restored)."""
     g = balanced_tree(2, 3)
-    kw = dict(beta=0.2, lr=0.05, negatives_per_positive=2, seed=3, batch_size=8,
+    kw = dict(noise=Gumbel(0.2), lr=0.05, negatives_per_positive=2, seed=3, batch_size=8,
               dtype=torch.float64, world_size=2)
     straight = train_hierarchy_distributed(g, 2, epochs=4, **kw)
     path = tmp_path / "ddp.ckpt"
@@ -125,7 +126,8 @@ def test_timeout_is_checked():
 _TORCHRUN_JOB = """
 import os, sys, torch
 from perturb.boxes.hierarchy import balanced_tree, train_hierarchy_distributed
-res = train_hierarchy_distributed(balanced_tree(2, 3), 2, method="gumbel", beta=0.2, epochs=3,
+from perturb.noise import Gumbel
+res = train_hierarchy_distributed(balanced_tree(2, 3), 2, Gumbel(0.2), epochs=3,
                                   lr=0.05, negatives_per_positive=0, batch_size=17, seed=3,
                                   dtype=torch.float64, timeout=120)
 torch.save({"params": dict(res.model.named_parameters()), "loss": res.history.loss},
@@ -148,7 +150,7 @@ def test_torchrun_two_gloo_processes(tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
-    single = train_hierarchy(balanced_tree(2, 3), 2, method="gumbel", beta=0.2, epochs=3,
+    single = train_hierarchy(balanced_tree(2, 3), 2, Gumbel(0.2), epochs=3,
                              lr=0.05, negatives_per_positive=0, batch_size=34, seed=3,
                              dtype=torch.float64, progress=False)
     for name, p in single.model.named_parameters():

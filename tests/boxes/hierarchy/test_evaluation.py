@@ -18,7 +18,7 @@ from perturb.boxes.hierarchy import (
     score_all_pairs,
     transitive_closure,
 )
-from perturb.noise import Normal
+from perturb.noise import Gumbel, Normal
 
 sklearn_metrics = pytest.importorskip("sklearn.metrics")
 
@@ -57,8 +57,10 @@ def test_best_f1_edge_cases():
 @pytest.mark.parametrize("method", ["gumbel", "soft", "hard", "normal"])
 def test_log_containment_matches_core(method):
     gen = torch.Generator().manual_seed(0)
-    model = BoxHierarchyModel(12, 3, method, beta=0.2, volume_beta=0.3 if method == "gumbel"
-                              else None, temperature=0.5, init=(0.2, 0.6), generator=gen,
+    box_model = {"gumbel": dict(noise=Gumbel(0.2), volume_beta=0.3),
+                 "soft": dict(noise=None, temperature=0.5), "hard": dict(noise=None),
+                 "normal": dict(noise=Normal(0.2))}[method]
+    model = BoxHierarchyModel(12, 3, **box_model, init=(0.2, 0.6), generator=gen,
                               dtype=torch.float64)
     for m in (5, 40):                        # per-pair and per-node child-volume branches
         child = torch.randint(12, (m,), generator=gen)
@@ -75,7 +77,7 @@ def test_log_containment_matches_core(method):
 
 def _nested_tree_model():
     """Hard boxes built by hand for balanced_tree(2, 2): child boxes halve their parent."""
-    model = BoxHierarchyModel(7, 1, "hard", parameterisation="min_delta", dtype=torch.float64)
+    model = BoxHierarchyModel(7, 1, None, parameterisation="min_delta", dtype=torch.float64)
     lo = torch.tensor([0.0, 0.0, 4.0, 0.0, 2.0, 4.0, 6.0]) + 0.1
     width = torch.tensor([8.0, 4.0, 4.0, 2.0, 2.0, 2.0, 2.0]) - 0.2
     with torch.no_grad():

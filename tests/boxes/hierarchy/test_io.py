@@ -5,6 +5,7 @@ import networkx as nx
 import pytest
 import torch
 
+from perturb.noise import Gumbel, Logistic
 from perturb.boxes.hierarchy import (BoxHierarchyModel, HierarchyConfig, balanced_tree,
                                      load_model, save_model, train_hierarchy)
 
@@ -12,8 +13,11 @@ from perturb.boxes.hierarchy import (BoxHierarchyModel, HierarchyConfig, balance
 @pytest.mark.parametrize("method", ["gumbel", "soft", "hard", "logistic"])
 def test_save_load_round_trip(tmp_path, method):
     g = nx.relabel_nodes(balanced_tree(2, 3), {i: f"n{i}" for i in range(15)})
-    cfg = HierarchyConfig(dim=3, method=method, epochs=2, batch_size=8, seed=0,
+    box_model = {"gumbel": dict(noise=Gumbel(0.05)), "soft": dict(noise=None, temperature=0.1),
+                 "hard": dict(noise=None), "logistic": dict(noise=Logistic(0.05))}[method]
+    cfg = HierarchyConfig(dim=3, **box_model, epochs=2, batch_size=8, seed=0,
                           dtype="float64", parameterisation="min_delta")
+    assert cfg.box_model == method
     res = train_hierarchy(g, config=cfg, progress=False)
     path = tmp_path / "model.pt"
     save_model(res.model, path, cfg)
@@ -47,3 +51,21 @@ def test_save_load_errors(tmp_path):
         load_model(tmp_path / "missing.pt")
     with pytest.raises(ValueError, match="not a node"):
         BoxHierarchyModel(2, 2, nodes=["a", "b"]).ids(["c"])
+
+
+def test_a_model_saved_before_noise_objects_loads_without_a_warning(tmp_path):
+    """Files written with hparams {"method", "beta", "temperature"} load as the same model."""
+    import warnings
+    res = train_hierarchy(balanced_tree(2, 2), 2, Logistic(0.05), epochs=1, seed=0,
+                          progress=False)
+    path = tmp_path / "new.pt"
+    save_model(res.model, path)
+    data = torch.load(path, weights_only=True)
+    hp = data["hparams"]
+    assert hp.pop("noise") == {"family": "Logistic", "scale": 0.05}
+    hp.update(method="logistic", beta=0.05, temperature=0.1)
+    torch.save(data, tmp_path / "old.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model, _ = load_model(tmp_path / "old.pt")
+    assert model.noise == Logistic(0.05) and model.hparams() == res.model.hparams()

@@ -18,12 +18,13 @@ from perturb.boxes.hierarchy import (
     transitive_closure,
 )
 from perturb.boxes.hierarchy.training import stalled_pairs
+from perturb.noise import Gumbel
 
 # ----------------------------------------------------------------------------- training
 
 def test_training_reconstructs_small_tree():
     g = balanced_tree(2, 3)
-    res = train_hierarchy(g, 2, "gumbel", epochs=40, lr=0.05, batch_size=16,
+    res = train_hierarchy(g, 2, epochs=40, lr=0.05, batch_size=16,
                           negatives_per_positive=8, seed=0, progress=False)
     clo = edge_index(g, transitive_closure(g).edges)
     f1 = all_pairs_f1(res.model, clo).f1
@@ -44,9 +45,9 @@ def test_hard_boxes_have_zero_gradients_where_gumbel_does_not():
     g = random_dag(30, 0.05, seed=0)
     kw = dict(epochs=1, batch_size=1000, negatives_per_positive=0, seed=0, progress=False,
               init=(0.01, 0.02))
-    hard = train_hierarchy(g, 4, "hard", **kw).history.zero_grad_fraction[0]
-    gumbel = train_hierarchy(g, 4, "gumbel", beta=0.05, **kw).history.zero_grad_fraction[0]
-    soft = train_hierarchy(g, 4, "soft", temperature=0.05, **kw).history.zero_grad_fraction[0]
+    hard = train_hierarchy(g, 4, noise=None, **kw).history.zero_grad_fraction[0]
+    gumbel = train_hierarchy(g, 4, Gumbel(0.05), **kw).history.zero_grad_fraction[0]
+    soft = train_hierarchy(g, 4, noise=None, temperature=0.05, **kw).history.zero_grad_fraction[0]
     assert hard > 0.9
     assert gumbel == 0.0
     assert soft < hard
@@ -58,8 +59,8 @@ def test_stalled_pairs_hard_all_gumbel_none():
     g = random_dag(30, 0.05, seed=0)
     kw = dict(epochs=1, batch_size=1000, negatives_per_positive=0, seed=0, progress=False,
               init=(0.01, 0.02))
-    hard = train_hierarchy(g, 4, "hard", **kw).history
-    gumbel = train_hierarchy(g, 4, "gumbel", beta=0.05, **kw).history
+    hard = train_hierarchy(g, 4, noise=None, **kw).history
+    gumbel = train_hierarchy(g, 4, Gumbel(0.05), **kw).history
     assert hard.epoch_violated_fraction[0] > 0.9          # tiny random boxes: all disjoint
     assert hard.epoch_stalled_fraction[0] > 0.9
     assert gumbel.epoch_violated_fraction[0] > 0.9
@@ -70,8 +71,8 @@ def test_stalled_pairs_hard_all_gumbel_none():
 def test_stalled_pairs_counts_nested_hard_negative():
     """A negative pair nested by hard boxes (p = 1) is violated and stalled; the same pair as a
     positive is satisfied. Gumbel boxes give it a gradient."""
-    for method, stalled in (("hard", 1), ("gumbel", 0)):
-        m = BoxHierarchyModel(2, 2, method, init=(0.1, 0.5), generator=torch.Generator()
+    for noise, stalled in ((None, 1), (Gumbel(0.01), 0)):
+        m = BoxHierarchyModel(2, 2, noise, init=(0.1, 0.5), generator=torch.Generator()
                               .manual_seed(0), dtype=torch.float64)
         with torch.no_grad():      # box 0 = [0.4, 0.5]^2 inside box 1 = [0, 1]^2
             m.embedding.param1.copy_(torch.tensor([[0.45, 0.45], [0.5, 0.5]]))
@@ -196,7 +197,7 @@ def test_fixed_and_adaptive_samplers_train_alike():
     kw = dict(epochs=40, lr=0.05, batch_size=16, negatives_per_positive=8, seed=0,
               progress=False)
     for sampler in ("adaptive", "fixed"):
-        res = train_hierarchy(g, 2, "gumbel", sampler=sampler, **kw)
+        res = train_hierarchy(g, 2, sampler=sampler, **kw)
         assert all_pairs_f1(res.model, clo).f1 >= 0.9
         assert sum(res.history.known_negatives) == 0
 
