@@ -11,13 +11,23 @@
 - the exponential-family DP (issue 13): the log-depth tree (``ksubset_marginals`` fwd+bwd) at
   256x1000, k = 10, against the closed-form Entropy relaxation of the same batch and against the
   former sequential DP (``_SequentialMarginals``, n steps) as a "before" row, with dispatched-op
-  counts; its scaling in n (250 … 4000, k = 10) and in k (n = 1000); ``sample_ksubset``.
+  counts; its scaling in n (250 … 4000, k = 10) and in k (n = 1000); ``sample_ksubset``; the
+  same DP/Entropy ratio on one thread (issue 29: the DP's many small ops gain little from a
+  second thread, the Entropy relaxation's sort does).
+- correlated top-k (issue 29): one training step of ``examples/correlated_topk.py`` at its
+  default size (d = 40, batches of 100, k = 5, τ = 0.5, Gumbel noise, CNN selector + MLP,
+  Adam) with ``CorrelatedKSubset`` against the same step with the plain ExpFamilyEntropy top-k
+  (target ratio ≤ 3), interleaved, with dispatched-op counts; and the relaxation alone
+  (fwd+bwd of ``regularized_argmax`` on (100, 79) scores).
 
 Both sides run in the same process, interleaved, same inputs; times are medians.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import pathlib
+import sys
 
 import torch
 
@@ -131,6 +141,94 @@ def _dp_rows(quick: bool) -> list[dict]:
     return rows
 
 
+@contextlib.contextmanager
+def _threads(n: int):
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _dp_one_thread_row(quick: bool) -> dict:
+    """The DP/Entropy ratio of :func:`_dp_rows` on one thread."""
+    dev = device()
+    B, n, k = (64, 1000, 10) if quick else (256, 1000, 10)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(B, n, generator=gen).to(dev).requires_grad_(True)
+    g = torch.randn(B, n, generator=gen).to(dev)
+    tree = _step(lambda v: relaxed_topk(v, k, 0.5, ExpFamilyEntropy()), x, g)
+    ent = _step(lambda v: relaxed_topk(v, k, 0.5, Entropy()), x, g)
+    with _threads(1):
+        t = time_interleaved({"tree": tree, "ent": ent}, repeat=5 if quick else 9, warmup=1)
+    return row(f"relaxed_topk ExpFamilyEntropy, 1 thread ({B}x{n} f32 k={k}, fwd+bwd)",
+               t["tree"], "Entropy relaxation, 1 thread", t["ent"],
+               note="issue 29: target ratio ≤ 2", ops=count_ops(tree))
+
+
+def _correlated_rows(quick: bool) -> list[dict]:
+    """Issue 29: a training step of examples/correlated_topk.py, CorrelatedKSubset vs the plain
+    ExpFamilyEntropy top-k, same size, same process, interleaved."""
+    import perturb
+    from perturb.structured import CorrelatedKSubset, KSubset
+
+    examples = pathlib.Path(__file__).resolve().parents[1] / "examples"
+    sys.path.insert(0, str(examples))
+    try:
+        import correlated_topk as ex
+    finally:
+        sys.path.remove(str(examples))
+    args = ex.parse_args(["--quick"] if quick else [])
+    d, k, bs, dev = args.d, args.k, args.batch_size, device()
+    gen = torch.Generator().manual_seed(0)
+    x, t, _ = ex.make_data(40 * bs, d, k, args.sigma, gen)
+    x, t = x.to(dev), t.to(dev)
+    methods = list(ex.METHODS)
+    names = {"corr": methods[0], "efe": "top-k ExpFamilyEntropy"}
+
+    def trainer(method):
+        torch.manual_seed(0)
+        sel, reg = ex.Selector(args.hidden).to(dev), ex.regressor(d, args.hidden).to(dev)
+        opt = torch.optim.Adam([*sel.parameters(), *reg.parameters()], lr=args.lr)
+        noise_gen = torch.Generator(device=dev).manual_seed(1)
+        i = [0]
+
+        def step():
+            j = i[0] % 40
+            i[0] += 1
+            xb, tb = x[j * bs:(j + 1) * bs], t[j * bs:(j + 1) * bs]
+            mask = ex.select(method, sel, xb, k, args.tau, noise_gen, exact=False)
+            loss = ((reg(xb * mask).squeeze(-1) - tb) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return step
+
+    steps = {key: trainer(m) for key, m in names.items()}
+    repeat = 9 if quick else 21
+    ts = time_interleaved(steps, repeat=repeat, warmup=2)
+    ops = {key: count_ops(f) for key, f in steps.items()}
+    size = f"d={d}, batch {bs}, k={k}"
+    rows = [row(f"correlated_topk.py training step, CorrelatedKSubset ({size})", ts["corr"],
+                "same step, top-k ExpFamilyEntropy", ts["efe"],
+                note=f"issue 29: target ratio ≤ 3; peer ops/step {ops['efe']}", ops=ops["corr"])]
+    # the relaxation alone (Gumbel noise drawn outside), fwd+bwd
+    th = torch.randn(bs, 2 * d - 1, generator=gen).to(dev).requires_grad_(True)
+    gt = torch.randn(bs, 2 * d - 1, generator=gen).to(dev)
+    u = torch.randn(bs, d, generator=gen).to(dev).requires_grad_(True)
+    gu = torch.randn(bs, d, generator=gen).to(dev)
+    fam = perturb.ExpFamilyEntropy()
+    corr = _step(lambda v: perturb.regularized_argmax(v, CorrelatedKSubset(k), fam, args.tau),
+                 th, gt)
+    plain = _step(lambda v: perturb.regularized_argmax(v, KSubset(k), fam, args.tau), u, gu)
+    tr = time_interleaved({"corr": corr, "plain": plain}, repeat=repeat, warmup=2)
+    rows.append(row(f"CorrelatedKSubset marginals fwd+bwd ({bs}x{2 * d - 1}, k={k})", tr["corr"],
+                    f"KSubset ExpFamilyEntropy fwd+bwd ({bs}x{d})", tr["plain"],
+                    note="analytic backward: tangent passes", ops=count_ops(corr)))
+    return rows
+
+
 def run(quick: bool = False) -> list[dict]:
     torch.manual_seed(0)
     B, n, k = (64, 1000, 10) if quick else (256, 1000, 10)
@@ -178,6 +276,8 @@ def run(quick: bool = False) -> list[dict]:
                               note="peer: last k columns of the relaxed permutation"))
 
     rows += _dp_rows(quick)
+    rows.append(_dp_one_thread_row(quick))
+    rows += _correlated_rows(quick)
     return rows
 
 

@@ -44,8 +44,9 @@ softmax),
 (CorrelatedKSubset, ExpFamilyEntropy)):
 
 - ``"analytic"`` (default): the Jacobian of μ is ∇²A(y) = Cov_q(z), symmetric, so the VJP is
-  the Hessian–vector product ∇_y ⟨∇A(y), ḡ⟩, computed by double backward through the log-space
-  inside pass (recomputed in the backward; only y is saved). Differentiable once.
+  the directional derivative of μ along ḡ, computed by the tangents of the inside and top-down
+  passes with the split weights the forward saved (one pass up, one down, the same kernels;
+  :mod:`perturb.structured.subsets._blocks`). Differentiable once.
 - ``"unroll"``: autograd through the inside and top-down passes (saves every table;
   differentiable to every order).
 - ``"finite_difference"``: the generic wrapper of the core.
@@ -73,6 +74,17 @@ from perturb._precision import full_precision
 from perturb._validation import check_int, check_scores, check_tau, scale_by_tau
 from perturb.regularizers import ExpFamilyEntropy, Regularizer
 from perturb.structures import Structure, register_solver
+from perturb.structured.subsets._blocks import (
+    _down,
+    _extract,
+    _marginals_from_levels,
+    _marginals_jvp,
+    _neg,
+    _pairs,
+    _prepare,
+    _root_logits,
+    _weighted_inside,
+)
 
 __all__ = ["CorrelatedKSubset", "correlated_topk_argmax", "correlated_topk_log_partition",
            "correlated_topk_marginals", "sample_correlated_topk"]
@@ -103,120 +115,6 @@ def _check(w: torch.Tensor, k: int, name: str = "w") -> tuple[int, int]:
     check_scores(w, name, min_ndim=1)
     d = _num_items(w.shape[-1], name)
     return d, _check_k(k, d)
-
-
-def _neg(dtype: torch.dtype) -> float:
-    """The finite stand-in for log 0: two of them still add up without overflow."""
-    return -torch.finfo(dtype).max / 16
-
-
-# --------------------------------------------------------------------------------------------
-# block tables: leaves, merges, the inside pass
-# --------------------------------------------------------------------------------------------
-
-def _leaves(y: torch.Tensor, d: int) -> torch.Tensor:
-    """Leaf tables ``(d, B, 2(s), 2(t), 2(c))`` from scores ``(B, 2d − 1)`` (module docstring)."""
-    a = y[:, :d].t()                                          # (d, B)
-    e = F.pad(y[:, d:].t(), (0, 0, 1, 0))                     # b_{i−1}, 0 for the first item
-    zero = torch.zeros_like(a)
-    neg = torch.full_like(a, _neg(y.dtype))
-    off = torch.stack([zero, neg], -1)                        # t = 0: (c=0) 0, (c=1) −∞
-    rows = [torch.stack([off, torch.stack([neg, a + s * e], -1)], -2) for s in (0, 1)]
-    return torch.stack(rows, -3)
-
-
-def _identity(like: torch.Tensor) -> torch.Tensor:
-    """The empty block ``(1, B, 2, 2, m)``: state passes through, no item chosen."""
-    _, B, _, _, m = like.shape
-    out = torch.full((1, B, 2, 2, m), _neg(like.dtype), dtype=like.dtype, device=like.device)
-    out[..., 0, 0, 0] = 0.0
-    out[..., 1, 1, 0] = 0.0
-    return out
-
-
-def _pairs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(left, right) children of the next level; an odd count gets the identity appended."""
-    if x.shape[0] % 2:
-        x = torch.cat([x, _identity(x)], 0)
-    return x[0::2], x[1::2]
-
-
-def _band(m: int, m_out: int, device: torch.device) -> torch.Tensor:
-    """idx[c, j] = c − j where 0 ≤ c − j < m, else m (a padded "−∞" slot): ``(m_out, m)``."""
-    c = torch.arange(m_out, device=device)[:, None]
-    j = torch.arange(m, device=device)[None, :]
-    idx = c - j
-    return torch.where((idx >= 0) & (idx < m), idx, m)
-
-
-def _split_scores(left: torch.Tensor, right: torch.Tensor, k: int) -> torch.Tensor:
-    """S[p, b, s, u, c, t·m + j] = T_L[s, t, j] + T_R[t, u, c − j], c < min(k, 2(m−1)) + 1.
-
-    The split (t, j) is the last, contiguous dim, so that its reductions are fast."""
-    P, B, _, _, m = left.shape
-    m_out = min(k, 2 * (m - 1)) + 1
-    idx = _band(m, m_out, left.device)
-    rp = F.pad(right, (0, 1), value=_neg(right.dtype))                   # slot m: −∞
-    rg = rp[..., idx].permute(0, 1, 3, 4, 2, 5)                           # (P, B, u, c, t, j)
-    s = left[:, :, :, None, None, :, :] + rg[:, :, None]                  # (P, B, s, u, c, t, j)
-    return s.reshape(P, B, 2, 2, m_out, 2 * m)
-
-
-def _reduce(s: torch.Tensor, op: str) -> torch.Tensor:
-    """⊕ over the split (t, j), the last dim of :func:`_split_scores`."""
-    return torch.logsumexp(s, -1) if op == "lse" else s.amax(-1)
-
-
-def _inside(leaves: torch.Tensor, k: int, op: str = "lse") -> list[torch.Tensor]:
-    """Tables of every level, leaves first, root (one block) last. op: "lse" or "max"."""
-    levels = [leaves]
-    neg = _neg(leaves.dtype)
-    while levels[-1].shape[0] > 1:
-        s = _split_scores(*_pairs(levels[-1]), k)
-        levels.append(_reduce(s, op).clamp_min(neg))                     # (P, B, s, u, c)
-    return levels
-
-
-def _prepare(y: torch.Tensor, d: int, k: int, op: str = "lse") -> list[torch.Tensor]:
-    return _inside(_leaves(y, d), k, op)
-
-
-def _root_logits(levels: list[torch.Tensor], k: int) -> torch.Tensor:
-    """log-weights ``(B, 2)`` of the last item's state u at the root (s = 0, c = k)."""
-    return levels[-1][0, :, 0, :, k]
-
-
-# --------------------------------------------------------------------------------------------
-# the top-down passes
-# --------------------------------------------------------------------------------------------
-
-def _marginals_from_levels(levels: list[torch.Tensor], d: int, k: int) -> torch.Tensor:
-    """Mass-conserving top-down pass: μ ``(B, 2d − 1)`` from the (logsumexp, +) tables."""
-    root = levels[-1]
-    B, m = root.shape[1], root.shape[-1]
-    q = torch.softmax(_root_logits(levels, k), -1)                       # (B, u)
-    sel = torch.zeros(2, m, dtype=q.dtype, device=q.device)
-    sel[0, k] = 1.0                                                       # s = 0, c = k
-    prob = (q[:, None, :, None] * sel[None, :, None, :])[None]            # (1, B, s, u, c)
-    for x in reversed(levels[:-1]):
-        nb, mc = x.shape[0], x.shape[-1]
-        left, right = _pairs(x)
-        s = _split_scores(left, right, k)                                 # (P, B, s, u, c, t·j)
-        P, m_out = s.shape[0], s.shape[-2]
-        # P(split | node state): a softmax over (t, j), normalised here rather than by the
-        # parent's table (whose rounding is relative to its magnitude, up to ~1e10), so each
-        # conditional sums to 1 to rounding and the mass is conserved
-        w = prob[..., None] * torch.softmax(s, -1)
-        w = w.reshape(P, B, 2, 2, m_out, 2, mc)                           # (P, B, s, u, c, t, j)
-        p_left = w.sum(dim=(3, 4))                                        # (P, B, s, t, j)
-        # right child: (t, u, c − j), summing s and j
-        idx = _band(mc, m_out, x.device).reshape(-1)
-        wr = w.sum(2).permute(0, 1, 4, 2, 3, 5).reshape(P, B, 2, 2, m_out * mc)  # (t, u, c·j)
-        p_right = wr.new_zeros(P, B, 2, 2, mc + 1).index_add(-1, idx, wr)[..., :mc]
-        prob = torch.stack([p_left, p_right], 1).reshape(2 * P, B, 2, 2, mc)[:nb]
-    unary = prob[:, :, :, 1, 1].sum(-1).t()                               # (B, d)
-    pair = prob[1:, :, 1, 1, 1].t()                                       # (B, d − 1)
-    return torch.cat([unary, pair], -1)
 
 
 def _decode(levels: list[torch.Tensor], d: int, k: int, n_samples: int,
@@ -270,8 +168,9 @@ def _log_partition_unrolled(y: torch.Tensor, d: int, k: int) -> torch.Tensor:
     return torch.logsumexp(_root_logits(_prepare(y, d, k), k), -1)
 
 
-def _marginals_vjp(y: torch.Tensor, g: torch.Tensor, d: int, k: int) -> torch.Tensor:
-    """Cov_q(z) ḡ = ∇_y ⟨∇A(y), ḡ⟩ (Hessian–vector product by double backward). Pure."""
+def _marginals_hvp(y: torch.Tensor, g: torch.Tensor, d: int, k: int) -> torch.Tensor:
+    """Cov_q(z) ḡ = ∇_y ⟨∇A(y), ḡ⟩ by double backward through the inside pass: the former
+    backward, kept as an independent reference for the tangent passes (tests). Pure."""
     with torch.enable_grad():
         leaf = y.detach().requires_grad_(True)
         (mu,) = torch.autograd.grad(_log_partition_unrolled(leaf, d, k).sum(), leaf,
@@ -283,29 +182,38 @@ def _marginals_vjp(y: torch.Tensor, g: torch.Tensor, d: int, k: int) -> torch.Te
 class _Marginals(torch.autograd.Function):
     r"""μ = ∇A(y) by the mass-conserving top-down pass; backward ḡ ↦ Cov_q(z) ḡ (symmetric).
 
-    Inputs: y ``(B, 2d − 1)``, d, k. Saves y only (the backward recomputes the inside pass).
-    Once differentiable; ``backward="unroll"`` differentiates to every order.
+    Inputs: y ``(B, 2d − 1)``, d, k. Outputs: μ and, non-differentiable, what the tangent passes
+    of the backward need (:func:`._blocks._marginals_jvp`): the L + 1 tables, the L split
+    weights and the L + 1 state probabilities of the top-down pass. Once differentiable;
+    ``backward="unroll"`` differentiates to every order.
     """
 
     generate_vmap_rule = True  # the forward and backward are plain torch ops
 
     @staticmethod
     def forward(y, d, k):
-        return _marginals_from_levels(_prepare(y, d, k), d, k)
+        levels, weights = _weighted_inside(y, d, k)
+        probs = _down(levels, weights, k)
+        return (_extract(probs[-1]), *levels, *weights, *probs)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        y, d, k = inputs
+        _, d, k = inputs
         ctx.d, ctx.k = d, k
-        ctx.save_for_backward(y)
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)        # no zero gradients for the tables
+        ctx.save_for_backward(*output[1:])
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, g):
-        if not ctx.needs_input_grad[0]:
+    def backward(ctx, g, *_):
+        if g is None or not ctx.needs_input_grad[0]:
             return None, None, None
-        (y,) = ctx.saved_tensors
-        return _marginals_vjp(y, g, ctx.d, ctx.k), None, None
+        saved = ctx.saved_tensors
+        n = (len(saved) - 2) // 3                                         # merges
+        levels, weights, probs = saved[:n + 1], saved[n + 1:2 * n + 1], saved[2 * n + 1:]
+        return (_marginals_jvp(list(levels), list(weights), list(probs), g, ctx.d, ctx.k),
+                None, None)
 
 
 class _LogPartition(torch.autograd.Function):
@@ -328,7 +236,7 @@ class _LogPartition(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None, None
         (y,) = ctx.saved_tensors
-        return g[:, None] * _Marginals.apply(y, ctx.d, ctx.k), None, None
+        return g[:, None] * _Marginals.apply(y, ctx.d, ctx.k)[0], None, None
 
 
 def _flat(y: torch.Tensor) -> torch.Tensor:
@@ -344,7 +252,7 @@ def _marginals_scaled(y: torch.Tensor, d: int, k: int, backward: str = "analytic
     if backward == "unroll":
         mu = _marginals_from_levels(_prepare(yf, d, k), d, k)
     else:
-        mu = _Marginals.apply(yf, d, k)
+        mu = _Marginals.apply(yf, d, k)[0]
     return mu.reshape(y.shape)
 
 
@@ -513,8 +421,8 @@ def correlated_topk_marginals(w: torch.Tensor, k: int,
     μ_i = P(item i chosen) for i ≤ d, μ_{d+j} = P(items j and j+1 chosen). This is
     ``regularized_argmax(w, CorrelatedKSubset(k), ExpFamilyEntropy(), tau)``. The top-down pass
     conserves probability mass level by level, so μ ∈ [0, 1], Σ_{i≤d} μ_i = k and
-    μ_{d+j} ≤ min(μ_j, μ_{j+1}) up to rounding. Backward: the Hessian–vector product Cov_q(z) ḡ
-    by double backward through the inside pass (once differentiable; for every order use
+    μ_{d+j} ≤ min(μ_j, μ_{j+1}) up to rounding. Backward: Cov_q(z) ḡ by the tangents of both
+    passes (once differentiable; for every order use
     ``regularized_argmax(..., backward="unroll")``).
 
     Args:

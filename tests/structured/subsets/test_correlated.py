@@ -179,6 +179,66 @@ def test_backward_modes_agree_with_brute_force(seed):
         torch.testing.assert_close(g, ref, rtol=1e-10, atol=1e-12)
 
 
+def _brute_cov(w: torch.Tensor, k: int) -> torch.Tensor:
+    """Cov_q(z) of one row by enumeration (float64)."""
+    d = (w.shape[-1] + 1) // 2
+    z = CorrelatedKSubset(k).enumerate(2 * d - 1, dtype=w.dtype)
+    p = torch.softmax(w @ z.T, -1)
+    mu = p @ z
+    return (z * p[:, None]).T @ z - torch.outer(mu, mu)
+
+
+@pytest.mark.parametrize("d,k", [(1, 1), (2, 1), (3, 2), (5, 2), (7, 4), (7, 7)])
+def test_tangent_backward_is_the_covariance(d, k, seed):
+    """The hand-written tangent passes (_blocks._marginals_jvp) apply Cov_q(z) exactly (odd
+    block counts included), against enumeration and the former double-backward HVP."""
+    from perturb.structured.subsets import correlated as C
+
+    y = 2 * torch.randn(3, 2 * d - 1, dtype=F64)
+    g = torch.randn(3, 2 * d - 1, dtype=F64)
+    mu, *tables = C._Marginals.apply(y, d, k)
+    x = y.clone().requires_grad_()
+    (vjp,) = torch.autograd.grad((C._Marginals.apply(x, d, k)[0] * g).sum(), x)
+    for b in range(3):
+        torch.testing.assert_close(mu[b], _brute(y[b], k)[2], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(vjp[b], _brute_cov(y[b], k) @ g[b], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(vjp, C._marginals_hvp(y, g, d, k), rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_tangent_backward_matches_the_double_backward_at_d_40(dtype, seed):
+    """The example's size (d = 40, k = 5; 6 levels, odd counts) with large and small scores:
+    the tangent passes against the former Hessian–vector product by double backward."""
+    from perturb.structured.subsets import correlated as C
+
+    d, k = 40, 5
+    for scale in (0.1, 3.0, 30.0):
+        y = (scale * torch.randn(4, 2 * d - 1, dtype=F64)).to(dtype)
+        g = torch.randn(4, 2 * d - 1, dtype=F64).to(dtype)
+        x = y.clone().requires_grad_()
+        (vjp,) = torch.autograd.grad((C._Marginals.apply(x, d, k)[0] * g).sum(), x)
+        ref = C._marginals_hvp(y.double(), g.double(), d, k)
+        tol = 1e-10 if dtype == F64 else 2e-4
+        torch.testing.assert_close(vjp.double(), ref, rtol=tol, atol=tol)
+
+
+def test_tangent_backward_at_exact_ties_of_1e4_and_small_tau():
+    """Scores ±1e4 with exact ties at τ = 1e-3 (|y| = 1e7), float64: the tangent passes give the
+    unrolled (autograd) gradient."""
+    g = torch.Generator().manual_seed(3)
+    d, k = 12, 4
+    w = 1e4 * torch.randint(-1, 2, (5, 2 * d - 1), generator=g).to(F64)
+    c = torch.randn(5, 2 * d - 1, generator=g, dtype=F64)
+    grads = []
+    for mode in ("analytic", "unroll"):
+        x = w.clone().requires_grad_()
+        y = regularized_argmax(x, CorrelatedKSubset(k), tau=1e-3, backward=mode)
+        (gx,) = torch.autograd.grad((c * y).sum(), x)
+        assert torch.isfinite(gx).all()
+        grads.append(gx)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-8, atol=1e-5)
+
+
 def test_log_partition_gradients(seed):
     """∇A = μ, and A is twice differentiable (its Hessian is Cov_q(z)); the unrolled marginals
     are differentiable twice."""
