@@ -358,7 +358,7 @@ def sinkhorn_iterate(log_k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                      row_valid: torch.Tensor | None, col_valid: torch.Tensor | None,
                      n_iters: int, tol: float, check_every: int | None = None,
                      accelerate: bool = True, eps_scaling: bool | None = None, newton: bool = True,
-                     newton_after: int = 100) -> SinkhornSolution:
+                     newton_after: int = 100, overwrite: bool = False) -> SinkhornSolution:
     """Run the iterations (differentiable by autograd when the inputs require grad).
 
     Engine. Iterations run in blocks between convergence checks (the only host syncs). A block
@@ -400,6 +400,9 @@ def sinkhorn_iterate(log_k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
         log_k: W/τ (masked entries very negative), ``(*batch, n, m)``.
         a, b: marginals ``(*batch, n)``, ``(*batch, m)``; zero on padded rows/columns.
         row_valid, col_valid: boolean ``(*batch, n)``, ``(*batch, m)`` or None (all valid).
+        overwrite: ``log_k`` is scratch: without autograd a float64 one is centred in place
+            (on the CPU a fresh (n, m) buffer costs several times the pass that fills it; a
+            float32 one may be needed again for the float64 fallback).
     """
     dtype = log_k.dtype
     # Center the kernel (P is invariant to row/column shifts, absorbed in u, v): keeps the
@@ -409,14 +412,15 @@ def sinkhorn_iterate(log_k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
         shift_r = log_k.amax(-1, keepdim=True)
         if row_valid is not None:
             shift_r = torch.where(row_valid.unsqueeze(-1), shift_r, 0.0)
-    centred = log_k - shift_r
+    grad = torch.is_grad_enabled() and (log_k.requires_grad or a.requires_grad
+                                        or b.requires_grad)
+    # in place without autograd (a fresh buffer costs more than the pass that fills it)
+    centred = (log_k.sub_(shift_r) if overwrite and not grad and dtype == torch.float64
+               else log_k - shift_r)
     with torch.no_grad():
         shift_c = centred.detach().amax(-2, keepdim=True)
         if col_valid is not None:
             shift_c = torch.where(col_valid.unsqueeze(-2), shift_c, 0.0)
-    grad = torch.is_grad_enabled() and (log_k.requires_grad or a.requires_grad
-                                        or b.requires_grad)
-    # in place without autograd: a pass over a fresh (n, m) buffer costs as much as the pass
     centred = centred - shift_c if grad else centred.sub_(shift_c)
     with torch.no_grad():
         pad = None
