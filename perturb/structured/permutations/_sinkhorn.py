@@ -231,21 +231,29 @@ def _scaling_block(log_k, u, v, a, b, n_iters, omega, pad, safe, kern: _Kernel |
 
         def row_sums(y):
             return torch.bmm(y, Kt3)
+    def relax(x, x_plain):  # x^{1−ω} x_plain^ω
+        if pad is None:
+            return x * (x_plain / x).pow(omega)
+        # padded rows/columns have zero scalings: ratio 1 there, not 0/0 (a NaN that sent every
+        # over-relaxed block of a padded batch back to log space), and finite gradients
+        zero = x == 0
+        return x * (x_plain / (x + zero) + zero).pow(omega)
+
     if rs is not None:  # a carried kernel: first the row update the last block stopped before
         eu_plain = a_s / rs
-        eu = eu_plain if omega is None else eu * (eu_plain / eu).pow(omega)
+        eu = eu_plain if omega is None else relax(eu, eu_plain)
     start = 0
     if cols and _graphs_usable(K):  # CUDA: full iterations replayed from captured graphs
         eu, ev, start = _graphed_iterations(K, a_s, b_s, eu, ev, omega, n_iters - 1)
     for i in range(start, n_iters):
         ev_plain = b_s / col_sums(eu)
         last = i == n_iters - 1
-        ev = ev_plain if omega is None or last else ev * (ev_plain / ev).pow(omega)
+        ev = ev_plain if omega is None or last else relax(ev, ev_plain)
         rs = row_sums(ev)
         if last:
             break
         eu_plain = a_s / rs
-        eu = eu_plain if omega is None else eu * (eu_plain / eu).pow(omega)
+        eu = eu_plain if omega is None else relax(eu, eu_plain)
     assert rs is not None  # n_iters ≥ 1
     with torch.no_grad():
         err = (eu * rs - a_s).abs().amax((-2, -1)).reshape(K.shape[:-2])
