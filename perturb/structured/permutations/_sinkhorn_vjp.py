@@ -119,7 +119,8 @@ class _SinkhornImplicit(torch.autograd.Function):
         with torch.no_grad():
             log_k = _masked_log_kernel(w, tau, mask)
             sol = sinkhorn_iterate(log_k, a, b, row_valid, col_valid, n_iters, tol,
-                                   accelerate=accelerate, eps_scaling=eps_scaling)
+                                   accelerate=accelerate, eps_scaling=eps_scaling,
+                                   overwrite=True)
         iters = sol.n_iters if isinstance(sol.n_iters, torch.Tensor) else torch.tensor(
             sol.n_iters)
         return sol.plan, sol.error, iters, sol.tol

@@ -111,11 +111,13 @@ def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: 
     with W = ``log_alpha``, so P = exp((W + f1ᵀ + 1gᵀ)/τ) for the dual potentials f, g. Without
     ``a``/``b`` the plan is doubly stochastic (a = b = 1). With them it is POT's entropic
     transport plan ``ot.sinkhorn(a, b, M=-W, reg=tau, method="sinkhorn_log")``. Iterations
-    alternate exact column and row normalisations: in log space (log-sum-exp) from a cold start
-    or at extreme scales, otherwise on the absorbed kernel K = exp(W/τ + u + v) with two batched
-    matrix–vector products per iteration (4 dispatched ops, 2 reads of K); a block that would
-    leave the floating range is redone in log space, so scores of ±1e4 and τ = 1e-3 stay
-    finite. At checks between blocks (the only host syncs; their spacing adapts to the observed
+    alternate exact column and row normalisations on the absorbed kernel K = exp(W/τ + u + v)
+    with two batched matrix–vector products per iteration (4 dispatched ops, 2 reads of K),
+    starting on K = exp(W/τ) itself when the centred W/τ spans a moderate range (≤ 60 in
+    float32, ≤ 400 in float64) and otherwise in log space (log-sum-exp); the scalings are
+    absorbed into the log potentials only when they leave a safe range (stabilised Sinkhorn),
+    and a block that would leave the floating range is redone in log space, so scores of ±1e4
+    and τ = 1e-3 stay finite. At checks between blocks (the only host syncs; their spacing adapts to the observed
     rate) the row error max_i |(P1)_i − a_i| is read off the row update at no extra cost; the
     loop stops when it is ≤ ``tol`` in every problem (the columns are then exact). If ``n_iters`` runs out first a :class:`SinkhornConvergenceWarning`
     is issued (the iterations needed grow roughly like 1/τ). A ``tol`` below the rounding
