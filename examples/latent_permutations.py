@@ -36,7 +36,7 @@ the worm's connection density instead of the 279 of the real connectome (not ava
 offline), 3 worms, T = 200 steps each.
 
     python examples/latent_permutations.py --quick     # ~10 s
-    python examples/latent_permutations.py --full      # both tables, 3 seeds (~25 min, 1 core)
+    python examples/latent_permutations.py --full      # both tables, 3 seeds (~25 min CPU, 1 thread)
 """
 from __future__ import annotations
 
