@@ -18,7 +18,8 @@ venv: $(STAMP)
 
 # The quickstart first, then the short (--quick) version of every experiment.
 DEMOS := quickstart sinkhorn_sort subset_selection correlated_topk latent_tree compare_perturbations \
-         box_hierarchy categorical_vae ivae structured_latent graph_layout listops
+         box_hierarchy categorical_vae ivae structured_latent graph_layout listops \
+         latent_permutations
 
 # WordNet 3.0 noun files for the box-hierarchy experiments (Debian's wordnet-base); optional:
 # without them those parts of the demo are skipped.

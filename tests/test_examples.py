@@ -16,7 +16,7 @@ import torch
 
 EXAMPLES_DIR = pathlib.Path(__file__).resolve().parents[1] / "examples"
 EXAMPLES = sorted(p for p in EXAMPLES_DIR.glob("*.py") if not p.name.startswith("_"))
-OPTIONAL = ("matplotlib", "tqdm", "sklearn")
+OPTIONAL = ("matplotlib", "tqdm", "sklearn", "mlxtend")
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 HAVE_SKLEARN = importlib.util.find_spec("sklearn") is not None
 
@@ -188,9 +188,28 @@ def check_listops(r, out):
     return ["listops.md", "listops.json", "listops.png"]
 
 
+def check_latent_permutations(r, out):
+    (chance,) = r["jigsaw_chance"].values()                 # --quick: digits, p = 2
+    rows = {row["method"]: row for row in r["jigsaw"]}
+    assert set(rows) == {"Gumbel-Sinkhorn", "Sinkhorn (no noise)"}
+    for method, row in rows.items():
+        assert row["pieces"] > chance + 0.4, method          # chance 0.25; quick reaches ~0.8
+        assert 0 < row["solved"] <= row["pieces"], method    # a solved puzzle has all pieces
+    acc = {row["method"]: row["accuracy"] for row in r["connectome"]}
+    assert set(acc) == {"Gumbel-Sinkhorn", "Gumbel-Sinkhorn, no regularization",
+                        "Sinkhorn (no noise)", "MCMC"}
+    (cands,) = {row["candidates"] for row in r["connectome"]}
+    # a random labelling within the candidates gets about 1 / (mean candidates) right
+    assert acc["Gumbel-Sinkhorn"] > 3 / cands and acc["Gumbel-Sinkhorn"] > 0.6
+    assert acc["Gumbel-Sinkhorn"] >= acc["MCMC"]
+    assert "| Gumbel-Sinkhorn | 0.97 | 0.96 |" in (out / "latent_permutations.md").read_text()
+    return ["latent_permutations.md", "latent_permutations.json", "latent_permutations.png"]
+
+
 CHECKS = {name[len("check_"):]: f for name, f in dict(globals()).items()
           if name.startswith("check_")}
-NEEDS_SKLEARN = {"categorical_vae", "structured_latent"}     # the bundled digits
+NEEDS_SKLEARN = {"categorical_vae", "structured_latent",     # the bundled digits
+                 "latent_permutations"}
 
 
 def test_every_example_is_checked():
@@ -217,7 +236,7 @@ def _run_quick(name: str, tmp_path: pathlib.Path, *extra: str):
 
 
 # the slowest --quick runs in-process on one thread (4-10 s each; the others 0.3-3.5 s)
-SLOW = {"categorical_vae", "correlated_topk", "box_hierarchy"}
+SLOW = {"categorical_vae", "correlated_topk", "box_hierarchy", "latent_permutations"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(p.stem, marks=[pytest.mark.slow]
