@@ -233,7 +233,7 @@ def _worker_error(out_path: str) -> str | None:
         return f.read()
 
 
-def train_hierarchy_distributed(graph: nx.DiGraph, dim: int | None = None,
+def train_hierarchy_distributed(graph: nx.DiGraph, dim: int | HierarchyConfig | None = None,
                                 method: Noise | str | None = None, *,
                                 config: HierarchyConfig | None = None,
                                 world_size: int | None = None,

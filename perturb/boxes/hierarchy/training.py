@@ -129,12 +129,15 @@ class TrainResult(NamedTuple):
 
 # ----------------------------------------------------------------------------- set-up
 
-def resolve_config(config: HierarchyConfig | None, dim: int | None = None,
+def resolve_config(config: HierarchyConfig | None, dim: int | HierarchyConfig | None = None,
                    method: Any = None, **overrides: Any) -> HierarchyConfig:
     """``config`` (default ``HierarchyConfig()``) with ``dim``, ``method`` and ``overrides``
-    replacing its fields (validated; TypeError for an unknown field). ``method``, the third
+    replacing its fields (validated; TypeError for an unknown field). A config given in
+    ``dim``'s place (``train_hierarchy(graph, config)``) is ``config``. ``method``, the third
     positional argument of the trainers, is the box model: a noise (or None given as
     ``noise=``), or a deprecated name of :data:`~perturb.boxes.hierarchy.config.METHODS`."""
+    if isinstance(dim, HierarchyConfig) and config is None:    # train_hierarchy(graph, config)
+        config, dim = dim, None
     if config is None:
         config = HierarchyConfig()
     elif not isinstance(config, HierarchyConfig):
@@ -457,7 +460,8 @@ def _progress(iterable: Any, enabled: bool, desc: str) -> Any:
     return tqdm(iterable, desc=desc, leave=False)
 
 
-def train_hierarchy(graph: nx.DiGraph, dim: int | None = None, method: Noise | str | None = None, *,
+def train_hierarchy(graph: nx.DiGraph, dim: int | HierarchyConfig | None = None,
+                    method: Noise | str | None = None, *,
                     config: HierarchyConfig | None = None, train_edges: Any = None,
                     known_edges: torch.Tensor | None = None,
                     generator: torch.Generator | None = None,
@@ -472,7 +476,8 @@ def train_hierarchy(graph: nx.DiGraph, dim: int | None = None, method: Noise | s
     Args:
         graph: ``networkx.DiGraph``, edges ``child -> parent``, acyclic. Box ``i`` belongs to
             ``list(graph.nodes)[i]``.
-        dim, method: shortcuts: ``dim`` the config field, ``method`` the box model, a noise
+        dim, method: shortcuts: ``dim`` the config field (or the whole config:
+            ``train_hierarchy(graph, config)``), ``method`` the box model, a noise
             (the config's ``noise``; ``noise=None`` by keyword) or a deprecated name ("gumbel",
             "soft", …; FutureWarning).
         config: the hyper-parameters (:class:`HierarchyConfig`, default ``HierarchyConfig()``);
