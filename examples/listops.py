@@ -7,6 +7,8 @@ dependents to heads over X before a classifier reads the root (the outermost ope
 latent graph is
 
     arborescence:  X = relax(s, Arborescences(0), Gumbel(), tau)   (Tutte marginals)
+    arborescence:normal, arborescence:negexp: the same with Normal() or NegativeExponential()
+                   noise (the seed's comparison of noise families)
     independent:   X_ij = σ((s_ij + Logistic)/tau)                  (binary Concrete per arc)
     gold:          the true parse (optional upper bound, --models gold)
 
@@ -43,8 +45,15 @@ from perturb.latent.listops import (
 
 #: the seed slides' numbers (Paulus et al. 2020, table 3): accuracy, precision, recall
 SEED = {"arborescence": ("95.0 ± 3.0", "75.5 ± 7.0", "71.9 ± 12.4"),
+        "arborescence:normal": ("95.0 ± 2.2", "65.3 ± 3.7", "60.8 ± 7.3"),
+        "arborescence:negexp": ("71.5 ± 1.4", "23.2 ± 10.2", "20.0 ± 6.0"),
         "independent": ("90.1 ± 0.5", "13.0 ± 2.0", "56.4 ± 6.7"),
         "gold": ("98.1 ± 0.1", "100", "100")}
+
+
+#: the noises of the arborescence's arc scores, by the suffix of a model name
+NOISES = {"gumbel": perturb.Gumbel, "normal": perturb.Normal,
+          "negexp": perturb.NegativeExponential}
 
 
 def _batches(data, size: int, generator: torch.Generator | None = None):
@@ -75,8 +84,10 @@ def evaluate(model, data, device, batch_size: int = 250):
 
 def train_one(graph: str, train, test, args, seed: int, device, bar):
     torch.manual_seed(seed)
-    model = LatentListOpsModel(graph, dim=args.dim, n_rounds=args.rounds, tau=args.tau,
-                               hard=args.hard, heads_precede=not args.all_arcs).to(device)
+    base, _, noise = graph.partition(":")
+    model = LatentListOpsModel(base, dim=args.dim, n_rounds=args.rounds, tau=args.tau,
+                               hard=args.hard, heads_precede=not args.all_arcs,
+                               noise=NOISES[noise or "gumbel"]()).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     gen = generator(seed)
     noise_gen = generator(seed + 1, device)
@@ -101,7 +112,8 @@ def main(argv: list[str] | None = None) -> dict:
     p = parser(__doc__, quick="a < 60 s version", threads=1)
     p.add_argument("--seeds", type=int, default=3, help="number of seeds (from --seed on)")
     p.add_argument("--models", default="arborescence,independent",
-                   help="comma-separated: arborescence, independent, gold")
+                   help="comma-separated: arborescence (Gumbel noise), arborescence:normal, "
+                        "arborescence:negexp, independent, gold")
     p.add_argument("--n-train", type=int, default=12000)
     p.add_argument("--n-test", type=int, default=1000)
     p.add_argument("--max-length", type=int, default=25)
@@ -120,6 +132,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=None,
                    help="GNN rounds (default: max depth + 1)")
     args = p.parse_args(argv)
+    for m in args.models.split(","):
+        base, _, noise = m.strip().partition(":")
+        if m.strip() and (base not in ("arborescence", "independent", "gold")
+                          or (noise and (base != "arborescence" or noise not in NOISES))):
+            p.error(f"unknown model {m.strip()!r}: arborescence[:gumbel|normal|negexp], "
+                    f"independent or gold")
     if args.quick:
         args.seeds, args.n_train, args.n_test, args.epochs = 1, 1500, 300, 2
         args.max_length = 18

@@ -322,3 +322,22 @@ def test_box_hierarchy_noise_boxes(tmp_path):
     assert set(rows) == {"normal", "logistic"}
     for method, row in rows.items():
         assert 0.5 < row["f1"] <= 1.0, (method, row["f1"])
+
+
+def test_listops_noise_families(tmp_path):
+    """The seed's comparison of noises on the latent arborescence: model names with a noise
+    suffix run and get the seed's numbers beside them; an unknown one is refused."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        r = load("listops").main(["--quick", "--models", "arborescence:negexp,arborescence:normal",
+                                  "--out", str(tmp_path), "--no-progress", "--n-train", "300",
+                                  "--epochs", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    assert set(r) >= {"arborescence:negexp", "arborescence:normal"}
+    text = (tmp_path / "listops.md").read_text()
+    assert "71.5 ± 1.4" in text and "65.3 ± 3.7" in text
+    with pytest.raises(SystemExit):
+        load("listops").main(["--quick", "--models", "arborescence:cauchy", "--no-progress",
+                              "--out", str(tmp_path)])

@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from perturb._validation import check_choice, check_int, check_tau
-from perturb.noise import Gumbel, Logistic
+from perturb.noise import Gumbel, Logistic, Noise
 from perturb.core import relax
 from perturb.structured.trees import Arborescences, max_arborescence
 
@@ -229,7 +229,7 @@ class LatentListOpsModel(nn.Module):
     """Encoder → arc scores → latent graph → GNN → value classifier (module docstring).
 
     Args:
-        graph: ``"arborescence"`` (Tutte marginals of Gumbel-perturbed scores),
+        graph: ``"arborescence"`` (Tutte marginals of perturbed scores),
             ``"independent"`` (binary Concrete per arc) or ``"gold"`` (the true parse).
         dim: width of embeddings, encoder and GNN states (even).
         n_rounds: message-passing rounds (≥ the depth in arcs of the deepest token to carry
@@ -239,15 +239,23 @@ class LatentListOpsModel(nn.Module):
         heads_precede: allow only arcs i → j with i < j (in prefix notation every head precedes
             its dependents: an order prior that keeps the gold parse feasible and shrinks the
             space of graphs); default False, all arcs allowed.
+        noise: the perturbation of the arborescence's arc scores (default ``Gumbel()``; the
+            seed compares ``Normal()`` and ``NegativeExponential()``). Not used by the other
+            graphs.
 
     Shape: ``tokens`` ``(B, n)`` long, ``lengths`` ``(B,)`` -> logits ``(B, 10)`` and the graph
     ``(B, n, n)`` the GNN used (zero on padding).
     """
 
     def __init__(self, graph: str = "arborescence", dim: int = 64, n_rounds: int = 4,
-                 tau: float = 1.0, hard: bool = False, heads_precede: bool = False):
+                 tau: float = 1.0, hard: bool = False, heads_precede: bool = False,
+                 noise: Noise | None = None):
         super().__init__()
         check_choice(graph, _GRAPHS, "graph")
+        if noise is not None and not isinstance(noise, Noise):
+            raise ValueError(f"noise must be a perturb.noise.Noise (e.g. Gumbel(), Normal()), "
+                             f"got {type(noise).__name__}")
+        self.noise: Noise = Gumbel() if noise is None else noise
         dim = check_int(dim, "dim", low=2)
         if dim % 2:
             raise ValueError(f"dim must be even (a BiLSTM of dim/2 per direction), got {dim}")
@@ -303,7 +311,7 @@ class LatentListOpsModel(nn.Module):
             return gold_arborescence(heads, self.embed.weight.dtype) * real
         s = self.arc_scores(tokens, lengths)
         if self.graph == "arborescence":
-            X = relax(s, Arborescences(0), Gumbel(), tau=self.tau, hard=self.hard,
+            X = relax(s, Arborescences(0), self.noise, tau=self.tau, hard=self.hard,
                       generator=generator)
             return X * real
         finite = s.masked_fill(~torch.isfinite(s), 0.0)

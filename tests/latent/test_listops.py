@@ -202,6 +202,25 @@ def test_latent_arborescence_is_a_point_of_the_marginal_polytope(hard):
             assert bool(Arborescences(0).check(X[k, :L, :L].detach()))
 
 
+@pytest.mark.parametrize("noise", [perturb.Normal(), perturb.NegativeExponential()], ids=repr)
+def test_the_arborescence_takes_any_noise(noise):
+    """The seed's noise families: the relaxation is relax(s, Arborescences(0), noise, tau) with
+    the model's noise, and so the sample differs from the Gumbel one for one generator."""
+    torch.manual_seed(2)
+    model = LatentListOpsModel("arborescence", dim=8, tau=0.5, noise=noise).double()
+    b = _batch()
+    X = model.latent_graph(b.tokens, b.lengths, generator=_gen(0))
+    s = model.arc_scores(b.tokens, b.lengths)
+    real = torch.arange(X.shape[-1]) < b.lengths.unsqueeze(-1)
+    want = perturb.relax(s, Arborescences(0), noise, tau=0.5, generator=_gen(0))
+    mask = real.unsqueeze(-1) & real.unsqueeze(-2)
+    torch.testing.assert_close(X[mask], want[mask])
+    model.noise = perturb.Gumbel()
+    assert not torch.allclose(model.latent_graph(b.tokens, b.lengths, generator=_gen(0)), X)
+    with pytest.raises(ValueError, match="noise"):
+        LatentListOpsModel("arborescence", dim=8, noise="gumbel")
+
+
 def test_independent_graph_is_a_binary_concrete_sample():
     torch.manual_seed(3)
     model = LatentListOpsModel("independent", dim=8, tau=0.7).double()
