@@ -22,7 +22,7 @@ import torch
 
 from bench._timing import count_ops, device, row, time_interleaved, time_ms
 from perturb.structured import arborescence_marginals, sample_spanning_tree
-from perturb.structured.trees import matrix_tree as _mt
+from perturb.structured.trees import _matrix_tree as _mt
 
 try:  # the peer library
     from torch_struct import NonProjectiveDependencyCRF
@@ -113,7 +113,7 @@ def _paths(w: torch.Tensor) -> str:
     n = w.shape[-1]
     valid = ~torch.eye(n, dtype=torch.bool, device=w.device)
     valid[:, 0] = False
-    *_, path = _mt._solve(w.to(torch.float64), valid.expand(w.shape), None, 0)
+    *_, path = _mt.solve(w.to(torch.float64), valid.expand(w.shape), None, 0)
     counts = torch.bincount(path.long().flatten(), minlength=3).tolist()
     return f"paths LU/reduced/elim = {counts[0]}/{counts[1]}/{counts[2]}"
 

@@ -26,7 +26,8 @@ Layout (one per structure family, see :mod:`perturb.structured`):
 - :mod:`.matrix_tree`: log-partition functions and edge marginals (matrix-tree theorems);
 - :mod:`.sampling`: exact samplers (Wilson's algorithm, sequential conditioning);
 - private: ``_graph_input`` (score/mask/length handling shared by all of them),
-  ``_elimination`` (log-space elimination, the fallback of the marginals), ``_wilson`` (the
+  ``_matrix_tree`` (the engine of the marginals and log-partitions, on checked tensors),
+  ``_elimination`` (log-space elimination, the fallbacks of the marginals), ``_wilson`` (the
   batched random walks).
 
 References:

@@ -115,10 +115,10 @@ def _detached(w: torch.Tensor, name: str = "w") -> torch.Tensor:
     return w.detach()
 
 
-def _prepare(w, tau, mask, lengths, root, symmetric, name="w"):
-    """Validate and return (scores s = w/τ with masked entries zero-filled, allowed edges,
-    node mask, root). Masked entries are filled before dividing by τ so that a gradient with
-    respect to τ never meets −inf·0."""
+def _check_args(w, tau, mask, lengths, root, symmetric, name="w"):
+    """The argument checks of every public tree function: scores, mask, τ, root and lengths.
+    Returns (root, nodes): the root as an int (0 for undirected problems) and the node mask
+    ``(*batch, n)`` of ``lengths`` (None without)."""
     _check_tree_scores(w, mask, name)
     _validation.check_tau(tau)
     n = w.shape[-1]
@@ -126,11 +126,21 @@ def _prepare(w, tau, mask, lengths, root, symmetric, name="w"):
     # [0, n − 1] (no Python-style wrap-around, no None)
     root = 0 if symmetric else check_int(root, "root", low=0, high=n - 1)
     nodes = _node_mask(w, lengths)
-    # no host reads inside torch.compile / torch.func: the general path below
-    traced = _validation.traced(w)
-    if (not traced and nodes is not None and root != 0
+    if (not _validation.traced(w) and nodes is not None and root != 0
             and bool((~nodes[..., root]).any())):
         raise ValueError(f"root={root} lies beyond the graph size given by lengths")
+    return root, nodes
+
+
+def _graph_scores(w, tau, mask, nodes, root, symmetric):
+    """(scores s = w/τ with masked entries zero-filled, allowed edges, node mask, root) for
+    checked arguments (:func:`_check_args`, or a structure's ``validate`` and the core's τ
+    check for the registered solvers). Raises ValueError when some node cannot be reached
+    from the root (a value check: only while validation is enabled). Masked entries are
+    filled before dividing by τ so that a gradient with respect to τ never meets −inf·0."""
+    n = w.shape[-1]
+    # no host reads inside torch.compile / torch.func: the general path below
+    traced = _validation.traced(w)
     if mask is None and nodes is None and (traced or bool(torch.isfinite(w.detach().sum()))):
         # common case: complete graph, no -inf (a finite sum rules out ±inf and NaN). The
         # allowed edges are the same for every batch element: an (n, n) pattern broadcast over
@@ -160,3 +170,7 @@ def _prepare(w, tau, mask, lengths, root, symmetric, name="w"):
     return s, dvalid, nodes, root
 
 
+def _prepare(w, tau, mask, lengths, root, symmetric, name="w"):
+    """Validate (:func:`_check_args`) and return :func:`_graph_scores`."""
+    root, nodes = _check_args(w, tau, mask, lengths, root, symmetric, name)
+    return _graph_scores(w, tau, mask, nodes, root, symmetric)

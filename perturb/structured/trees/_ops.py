@@ -1,11 +1,11 @@
 """The tree marginals as one opaque operator, for ``torch.compile`` and ``torch.func``.
 
 The marginals' fast path is checked a posteriori and only the failing problems are recomputed
-(:func:`.matrix_tree._solve`): a data-dependent choice, read on the host. Registered as custom
+(:func:`._matrix_tree.solve`): a data-dependent choice, read on the host. Registered as custom
 operators (``torch.library.custom_op``), the whole solve is one node to the compiler (no graph
 break; it runs eagerly inside) and one batched call to ``vmap`` (the vmapped dim is folded into
 the batch). The backward is a second operator that recomputes the forward with the analytic VJP
-(:class:`.matrix_tree._TreeMarginals`): exact, once differentiable, about twice the eager cost.
+(:class:`._matrix_tree._TreeMarginals`): exact, once differentiable, about twice the eager cost.
 :class:`TracedMarginals` ties the two together with an autograd rule that torch.func accepts.
 Eager calls do not go through here. Needs ``torch.library.custom_op`` and ``register_vmap``
 (torch >= 2.4); without them :data:`AVAILABLE` is False and callers keep the eager path.
@@ -23,8 +23,8 @@ AVAILABLE = all(hasattr(torch.library, f) for f in ("custom_op", "register_vmap"
 
 def _analytic(s: torch.Tensor, valid: torch.Tensor, nodes: Optional[torch.Tensor],
               root: int) -> torch.Tensor:
-    from perturb.structured.trees.matrix_tree import _analytic_marginals  # (import cycle)
-    return _analytic_marginals(s, valid, nodes, root)
+    from perturb.structured.trees._matrix_tree import analytic_marginals  # (import cycle)
+    return analytic_marginals(s, valid, nodes, root)
 
 
 if AVAILABLE:

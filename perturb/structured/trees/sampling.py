@@ -31,7 +31,7 @@ from perturb._deprecation import legacy_keywords
 from perturb._validation import unreadable, check_choice, check_int
 from perturb._vmap import fold_random_vmap
 from perturb.structured.trees._graph_input import _detached, _prepare
-from perturb.structured.trees.matrix_tree import _column_softmax, _compute_dtype, _solve
+from perturb.structured.trees._matrix_tree import column_softmax, compute_dtype, solve
 from perturb.structured.trees._wilson import (
     expected_steps,
     wilson_sample,
@@ -56,12 +56,12 @@ def _sample(s, valid, nodes, root, n_samples, generator, method="auto"):
     n = s.shape[-1]
     batch = s.shape[:-2]
     lead = (n_samples,) if n_samples is not None else ()
-    x = s.detach().to(_compute_dtype(s.dtype))
+    x = s.detach().to(compute_dtype(s.dtype))
     exists = (nodes.expand(*lead, *batch, n) if nodes is not None
               else torch.ones(*lead, *batch, n, dtype=torch.bool, device=s.device))
     if method == "conditional":
         return _sample_conditional(x, valid, nodes, root, lead, exists, generator)
-    P, _, _ = _column_softmax(x, valid.expand(x.shape))
+    P, _, _ = column_softmax(x, valid.expand(x.shape))
     limit = wilson_step_limit(n)
     if method == "auto":
         steps = expected_steps(P, root)
@@ -104,7 +104,7 @@ def _sample_conditional(x, valid, nodes, root, lead, exists, generator):
         if j == root:
             continue
         with torch.no_grad():
-            mu = _solve(x, cur, nodes, root, need_logz=False)[0]
+            mu = solve(x, cur, nodes, root, need_logz=False)[0]
         probs = mu[..., :, j].clamp_min(0).reshape(-1, n)
         here = exists[..., j].reshape(-1)
         # absent nodes: draw a dummy parent (the root) and keep their empty column

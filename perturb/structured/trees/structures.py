@@ -27,14 +27,11 @@ from perturb.regularizers import ExpFamilyEntropy, Regularizer
 from perturb.structured.trees._graph_input import (
     _check_tree_scores,
     _detached,
+    _graph_scores,
     _prepare,
     _reachable,
 )
-from perturb.structured.trees.matrix_tree import (
-    MARGINAL_BACKWARDS,
-    arborescence_marginals,
-    spanning_tree_marginals,
-)
+from perturb.structured.trees._matrix_tree import MARGINAL_BACKWARDS, marginals
 from perturb.structures import Structure, register_solver
 
 __all__ = ["SpanningTrees", "Arborescences", "max_spanning_tree", "max_arborescence",
@@ -389,10 +386,16 @@ class Arborescences(Structure):
 @register_solver(SpanningTrees, ExpFamilyEntropy, backward=MARGINAL_BACKWARDS,
                  description="Kirchhoff matrix-tree marginals")
 def _solve_spanning_trees(w, structure, regularizer, tau, backward):
-    return spanning_tree_marginals(w, tau=tau, backward=backward)
+    # w was checked by SpanningTrees.validate and tau by the core: build the graph, call the
+    # engine (spanning_tree_marginals would check both again)
+    s, valid, nodes, root = _graph_scores(w, tau, None, None, 0, True)
+    mu = marginals(s, valid, nodes, root, backward)
+    return mu + mu.transpose(-1, -2)
 
 
 @register_solver(Arborescences, ExpFamilyEntropy, backward=MARGINAL_BACKWARDS,
                  description="Tutte directed matrix-tree marginals")
 def _solve_arborescences(w, structure, regularizer, tau, backward):
-    return arborescence_marginals(w, root=structure.root, tau=tau, backward=backward)
+    # w and the root were checked by Arborescences.validate, tau by the core
+    s, valid, nodes, root = _graph_scores(w, tau, None, None, structure.root, False)
+    return marginals(s, valid, nodes, root, backward)

@@ -26,7 +26,12 @@ import math  # noqa: E402
 
 import pytest  # noqa: E402
 
-import perturb.structured.trees.matrix_tree as mt  # noqa: E402
+import perturb.structured.trees._matrix_tree as mt  # noqa: E402
+from perturb.structured.trees._graph_input import _prepare  # noqa: E402
+from perturb.structured.trees.matrix_tree import (  # noqa: E402
+    arborescence_marginals,
+    spanning_tree_marginals,
+)
 import perturb.structured.trees._elimination as te  # noqa: E402
 from perturb.structured.trees.structures import enumerate_arborescences  # noqa: E402
 
@@ -76,7 +81,7 @@ def test_reduced_solve_matches_autograd_reference(generator):
         assert state is not None
         mu_r, logz_r, est_r = te.reduced_marginals(s, valid, nodes, root)
         mu_e, logz_e = te.elimination_marginals(s, valid, nodes, root)
-        ok = est <= mt._ERROR_BUDGET
+        ok = est <= mt.ERROR_BUDGET
         assert ok.all() if nodes is not None else ok.any()
         # the reference pads the kept nodes with absent ones (log Z' = −inf there; those
         # elements went to the full elimination); this reduction pads with existing nodes
@@ -116,15 +121,15 @@ def test_gradcheck_reduced_path_random_peaked(generator):
     n = 10
     for trial in range(40):
         w = 20 * torch.randn(2, n, n, dtype=D, generator=generator)
-        *_, path, state = mt._solve_full(w, _valid(n, 0, (2,)), None, 0)
+        *_, path, state = mt.solve_full(w, _valid(n, 0, (2,)), None, 0)
         if (path == mt.PATH_REDUCED).all():
             break
     assert (path == mt.PATH_REDUCED).all() and state is not None
     x = w.clone().requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda t: mt.arborescence_marginals(t), (x,))
+    assert torch.autograd.gradcheck(lambda t: arborescence_marginals(t), (x,))
     lengths = torch.tensor([n, n - 3])
     assert torch.autograd.gradcheck(
-        lambda t: mt.spanning_tree_marginals(t, lengths=lengths), (x,))
+        lambda t: spanning_tree_marginals(t, lengths=lengths), (x,))
 
 
 def test_large_m_sums_the_reduced_graph_by_elimination(generator, monkeypatch):
@@ -134,14 +139,14 @@ def test_large_m_sums_the_reduced_graph_by_elimination(generator, monkeypatch):
     n = 64
     w = 20 * torch.randn(8, n, n, dtype=D, generator=generator, requires_grad=True)
     g = torch.randn(8, n, n, dtype=D, generator=generator)
-    *_, path, state = mt._solve_full(w.detach(), _valid(n, 0, (8,)), None, 0)
+    *_, path, state = mt.solve_full(w.detach(), _valid(n, 0, (8,)), None, 0)
     assert (path == mt.PATH_REDUCED).any() and state.E is not None and state.nu.shape[-1] > 1
-    mu = mt.arborescence_marginals(w)
+    mu = arborescence_marginals(w)
     (ref,) = torch.autograd.grad((mu * g).sum(), w)
     monkeypatch.setattr(te, "_ENUM_MAX", 1)
-    *_, path, state = mt._solve_full(w.detach(), _valid(n, 0, (8,)), None, 0)
+    *_, path, state = mt.solve_full(w.detach(), _valid(n, 0, (8,)), None, 0)
     assert (path == mt.PATH_REDUCED).any() and state.E is None
-    mu1 = mt.arborescence_marginals(w)
+    mu1 = arborescence_marginals(w)
     (out,) = torch.autograd.grad((mu1 * g).sum(), w)
     torch.testing.assert_close(mu1, mu, rtol=0, atol=1e-13)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
@@ -159,11 +164,11 @@ def test_underflowed_exit_is_detected():
     w[1, 2] = w[2, 1] = w[3, 4] = w[4, 3] = 0.0
     w[0, 1], w[2, 3] = -750.0, -10.0
     w[0, 3], w[4, 1] = -700.0, -100.0
-    s, valid, nodes, root = mt._prepare(w[None], 1.0, None, None, 0, False)
+    s, valid, nodes, root = _prepare(w[None], 1.0, None, None, 0, False)
     _, _, est, _ = te.reduced_solve(s, valid, nodes, root)
-    assert not (est <= mt._ERROR_BUDGET).any()
-    *_, path = mt._solve(s, valid, nodes, root)
+    assert not (est <= mt.ERROR_BUDGET).any()
+    *_, path = mt.solve(s, valid, nodes, root)
     assert path.tolist() == [mt.PATH_ELIMINATION]
     best = torch.zeros(n, n, dtype=D)
     best[0, 1] = best[1, 2] = best[2, 3] = best[3, 4] = 1.0
-    torch.testing.assert_close(mt.arborescence_marginals(w), best, rtol=0, atol=1e-15)
+    torch.testing.assert_close(arborescence_marginals(w), best, rtol=0, atol=1e-15)

@@ -6,7 +6,7 @@ import torch
 
 from perturb.structured.trees import _ops
 from perturb.structured.trees._graph_input import _prepare
-from perturb.structured.trees.matrix_tree import _analytic_marginals
+from perturb.structured.trees._matrix_tree import analytic_marginals as _analytic_marginals
 from perturb.structured.trees.structures import enumerate_arborescences
 
 pytestmark = pytest.mark.skipif(not _ops.AVAILABLE, reason="needs torch.library.custom_op")

@@ -194,3 +194,23 @@ def test_float32_through_core(generator):
     torch.testing.assert_close(x.sum((-1, -2)), torch.full((2,), 7.0))
     x.sum().backward()
     assert torch.isfinite(theta.grad).all()
+
+
+@pytest.mark.parametrize("structure", [SpanningTrees(), Arborescences(root=1)])
+def test_registered_solvers_validate_once(structure, monkeypatch, generator):
+    """The registered solvers call the engine: the scores are checked once (by the core
+    through ``structure.validate``), not again by the public marginal functions; the result
+    is the public function's."""
+    import perturb
+    from perturb import _validation
+    calls = []
+    original = _validation.check_finite
+    monkeypatch.setattr(_validation, "check_finite",
+                        lambda *a, **k: (calls.append(a[1] if len(a) > 1 else ""),
+                                         original(*a, **k))[1])
+    w = torch.randn(3, 6, 6, dtype=torch.float64, generator=generator)
+    mu = perturb.regularized_argmax(w, structure, tau=0.5)
+    assert len(calls) == 1
+    ref = (arborescence_marginals(w, root=1, tau=0.5) if isinstance(structure, Arborescences)
+           else spanning_tree_marginals(w, tau=0.5))
+    torch.testing.assert_close(mu, ref, rtol=0, atol=0)
