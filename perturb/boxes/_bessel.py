@@ -132,10 +132,15 @@ def _k0_coefficients(n: int) -> torch.Tensor:
 def _k0_tables(dtype: torch.dtype, device: torch.device
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(both, A only, B only)`` coefficient tables (:func:`_k0_coefficients`) of the degree
-    for ``dtype`` (:func:`_tab_degree`), in ``dtype`` on ``device``, transposed: one row of
-    coefficients per table entry (a row gather is ~4× faster than a column gather)."""
+    n for ``dtype`` (:func:`_tab_degree`), in ``dtype`` on ``device``, one contiguous row per
+    power of s: ``(n + 1, 2K)`` (the K entries of A, then those of B) for both, ``(n + 1, K)``
+    for one. Each power is gathered on its own by a 1-D ``index_select``, which leaves its
+    coefficients contiguous, so that the Horner steps vectorise (a gather of whole rows of
+    coefficients is no cheaper and leaves them strided, which makes each fused multiply-add
+    several times slower: 1.2 ms against 0.75 ms for 112,640 float32 elements on one core)."""
     both = _k0_coefficients(_tab_degree(dtype)).to(device=device, dtype=dtype)
-    return both.T.contiguous(), both[0::2].T.contiguous(), both[1::2].T.contiguous()
+    a, b = both[0::2], both[1::2]
+    return torch.cat([a, b], dim=1).contiguous(), a.contiguous(), b.contiguous()
 
 
 # Elements per chunk of :func:`_k0_poly` times coefficient rows gathered: the gathered
@@ -147,34 +152,45 @@ _CHUNK = 1 << 22
 
 def _k0_poly(u: torch.Tensor, part: int) -> torch.Tensor:
     """The table's polynomials at clamp(u, _TAB_LO, _TAB_HI): ``part`` 0: A, 1: B (shape of
-    ``u``), 2: both (shape ``(2, *u.shape)``). One gather of the coefficients and ``deg``
-    fused multiply-adds (Horner) per chunk of elements."""
-    table = _k0_tables(u.dtype, u.device)[(1, 2, 0)[part]]
+    ``u``), 2: both (shape ``(2, *u.shape)``). One gather per power of s and ``deg`` fused
+    multiply-adds (Horner) per chunk of elements."""
+    tables = _k0_tables(u.dtype, u.device)
+    table, count = tables[(1, 2, 0)[part]], tables[1].shape[1]
     n = _tab_degree(u.dtype)
     v = u.clamp(_TAB_LO, _TAB_HI).mul_(1.0 / _TAB_H)
     k = torch.round(v)
     s = v.sub_(k).reshape(-1)                               # exact: |s| <= 1/2
     # the clamp keeps a NaN u (an ∞ − ∞ width) from indexing out of range: its s is NaN, so
     # its value stays NaN
-    idx = k.sub_(_TAB_LO / _TAB_H).reshape(-1).long().clamp_(0, table.shape[0] - 1)
-    step = max(1, _CHUNK // table.shape[1])
+    idx = k.sub_(_TAB_LO / _TAB_H).reshape(-1).long().clamp_(0, count - 1)
+    both = part == 2
+    step = max(1, _CHUNK // (2 * (n + 1)))
     if idx.shape[0] <= step:
-        acc = _horner(table, idx, s, n, part == 2)
+        acc = _horner(table, idx, s, n, count if both else 0)
     else:
-        acc = torch.cat([_horner(table, idx[lo:lo + step], s[lo:lo + step], n, part == 2)
+        acc = torch.cat([_horner(table, idx[lo:lo + step], s[lo:lo + step], n,
+                                 count if both else 0)
                          for lo in range(0, idx.shape[0], step)], dim=-1)
     return acc.reshape(acc.shape[:-1] + u.shape)
 
 
-def _horner(table: torch.Tensor, idx: torch.Tensor, s: torch.Tensor, n: int, both: bool
+def _horner(table: torch.Tensor, idx: torch.Tensor, s: torch.Tensor, n: int, second: int
             ) -> torch.Tensor:
-    """Σ_i table[idx, i]·s^i (per pair of columns when ``both``): one gather, n addcmul."""
-    picked = table.index_select(0, idx).T          # (coefficients, len(idx)), strided
-    cols = (picked.view(n + 1, 2, -1) if both else picked).unbind(0)
-    acc = cols[n]
-    for i in range(n - 1, -1, -1):
-        acc = torch.addcmul(cols[i], acc, s)
-    return acc
+    """Σ_i table[i, idx]·s^i: per power one contiguous gather, then n addcmul. ``second``
+    > 0: also Σ_i table[i, idx + second]·s^i (the B half of the both-table), result
+    ``(2, len(idx))``."""
+    m = idx.shape[0]
+    if second:
+        idx = torch.cat([idx, idx + second])
+    shape = (2, m) if second else (m,)
+    acc = table[n].index_select(0, idx).view(shape)
+    for i in range(n - 1, 0, -1):
+        acc = torch.addcmul(table[i].index_select(0, idx).view(shape), acc, s)
+    # A and B interleaved in memory, as a gather of whole coefficient rows leaves them: a sum
+    # over a dimension of A (a log volume) then runs in the same order, so the results stay
+    # the same to the bit
+    out = torch.empty((m, 2), dtype=acc.dtype, device=acc.device).T if second else None
+    return torch.addcmul(table[0].index_select(0, idx).view(shape), acc, s, out=out)
 
 
 def _log_k0_exp(u: torch.Tensor, value: bool = True, slope: bool = True
