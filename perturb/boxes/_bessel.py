@@ -176,21 +176,27 @@ def _k0_poly(u: torch.Tensor, part: int) -> torch.Tensor:
 
 def _horner(table: torch.Tensor, idx: torch.Tensor, s: torch.Tensor, n: int, second: int
             ) -> torch.Tensor:
-    """Σ_i table[i, idx]·s^i: per power one contiguous gather, then n addcmul. ``second``
-    > 0: also Σ_i table[i, idx + second]·s^i (the B half of the both-table), result
-    ``(2, len(idx))``."""
-    m = idx.shape[0]
-    if second:
-        idx = torch.cat([idx, idx + second])
-    shape = (2, m) if second else (m,)
-    acc = table[n].index_select(0, idx).view(shape)
+    """Σ_i table[i, idx]·s^i (:func:`_horner_into`); ``second`` > 0: that of the first
+    ``second`` columns (A) and of the next ``second`` (B), as rows of a ``(2, len(idx))``
+    result whose A and B are interleaved in memory, as a gather of whole coefficient rows
+    leaves them: a sum over a dimension of A (a log volume) then runs in the same order, so
+    results stay the same to the bit."""
+    if not second:
+        return _horner_into(table, idx, s, n, None)
+    out = torch.empty((idx.shape[0], 2), dtype=table.dtype, device=table.device).T
+    for j in range(2):
+        _horner_into(table[:, j * second:(j + 1) * second], idx, s, n, out[j])
+    return out
+
+
+def _horner_into(table: torch.Tensor, idx: torch.Tensor, s: torch.Tensor, n: int,
+                 out: torch.Tensor | None) -> torch.Tensor:
+    """Horner's rule over the powers of s: per power one 1-D gather (contiguous), then a fused
+    multiply-add; the last one written to ``out`` when given."""
+    acc = table[n].index_select(0, idx)
     for i in range(n - 1, 0, -1):
-        acc = torch.addcmul(table[i].index_select(0, idx).view(shape), acc, s)
-    # A and B interleaved in memory, as a gather of whole coefficient rows leaves them: a sum
-    # over a dimension of A (a log volume) then runs in the same order, so the results stay
-    # the same to the bit
-    out = torch.empty((m, 2), dtype=acc.dtype, device=acc.device).T if second else None
-    return torch.addcmul(table[0].index_select(0, idx).view(shape), acc, s, out=out)
+        acc = torch.addcmul(table[i].index_select(0, idx), acc, s)
+    return torch.addcmul(table[0].index_select(0, idx), acc, s, out=out)
 
 
 def _log_k0_exp(u: torch.Tensor, value: bool = True, slope: bool = True
