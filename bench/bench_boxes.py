@@ -15,6 +15,12 @@ Gumbel volume read its Bessel functions from a polynomial table (commit 0461c72,
 (commit 05c18ae, :data:`OLD_EPOCH_MS`) is quoted in the note. Without WordNet the rows use a
 random tree of the same size. Host synchronisations and aten ops are counted on one training
 step.
+
+Peer-loop rows (issue 29): the same epoch against the loop a box-embeddings user writes by hand
+(:mod:`bench._box_peer`: ``BoxTensor``, ``GumbelIntersection``, ``BesselApproxVolume``, Adam,
+unfiltered uniform negatives), started from the same boxes, same batch, negatives, d and
+scales, timed in alternation with ours in the same process (medians); also ours without
+diagnostics (``diagnostics_every=0``) and the peer loop with our exact Bessel volume.
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ import torch
 
 import statistics
 
-from bench._timing import count_ops, count_syncs, device, row, time_ms
+from bench._timing import count_ops, count_syncs, device, row, time_interleaved, time_ms
 from perturb._validation import set_validation
 from perturb.boxes import Box, intersection, volume
 
@@ -124,6 +130,79 @@ def _trainer_rows(quick: bool) -> list[dict]:
     return rows
 
 
+def _peer_loop_rows(quick: bool) -> list[dict]:
+    """One epoch of our trainer against the hand-written box-embeddings loop (issue 29)."""
+    from bench._box_peer import PeerLoop
+    from perturb.boxes.hierarchy import HierarchyConfig, Trainer, edge_index, initial_model
+    from perturb.boxes.losses import PairSet
+    from perturb.noise import Gumbel
+    dev = device()
+    if dev.type != "cpu":
+        return []                                 # the peer loop runs on the CPU only
+    graph, what = _hierarchy_graph()
+    batch, k, dim, beta, vbeta = 512, 10, 10, 0.01, 0.1
+    cfg = HierarchyConfig(noise=Gumbel(scale=beta), volume_beta=vbeta, dim=dim,
+                          batch_size=batch, negatives_per_positive=k, closure=False, seed=0)
+    n = graph.number_of_nodes()
+    pos = edge_index(graph)
+    known = PairSet(pos, n, include_self=True)
+
+    def ours(config):
+        model = initial_model(n, list(graph.nodes), config, pos, torch.Generator().manual_seed(0))
+        return Trainer(model, pos, known, config, torch.Generator().manual_seed(1))
+    trainer, plain = ours(cfg), ours(cfg.replace(diagnostics_every=0))
+    e = trainer.model.embedding
+    peers = {v: PeerLoop(e.param1, e.param2, pos, beta=beta, volume_beta=vbeta, batch_size=batch,
+                         negatives=k, lr=cfg.lr, volume=v) for v in ("approx", "exact")}
+    # quick: the first 30 batches of an epoch (each side), else whole epochs
+    steps = 30 if quick else None
+    if steps is None:
+        fns = {"ours": trainer.run_epoch, "plain": plain.run_epoch,
+               "approx": peers["approx"].run_epoch, "exact": peers["exact"].run_epoch}
+    else:
+        order = torch.randperm(pos.shape[0], generator=torch.Generator().manual_seed(2))
+        chunks = order[:steps * batch].split(batch)
+
+        def loop(tr, diag_every):
+            def go():
+                with set_validation(False):
+                    for s, idx in enumerate(chunks):
+                        tr.step(pos[idx], bool(diag_every) and s % diag_every == 0)
+            return go
+        fns = {"ours": loop(trainer, cfg.diagnostics_every), "plain": loop(plain, 0),
+               "approx": lambda: peers["approx"].run_epoch(steps),
+               "exact": lambda: peers["exact"].run_epoch(steps)}
+    ms = time_interleaved(fns, repeat=3 if quick else 5, warmup=1)
+    per_epoch = -(-pos.shape[0] // batch)
+    span = f"{steps} steps" if steps else f"one epoch, {per_epoch} steps"
+
+    def peer_step():
+        peers["approx"].step(pos[:batch])
+
+    def our_step():
+        with set_validation(False):
+            plain.step(pos[:batch])
+    ops = {"ours": count_ops(our_step), "peer": count_ops(peer_step)}
+    syncs = {"ours": count_syncs(our_step), "peer": count_syncs(peer_step)}
+    setting = (f"{what}; batch {batch}, {k} negatives, d={dim}, Gumbel β={beta}, "
+               f"β_vol={vbeta}, {span}")
+    peer_name = "box-embeddings 0.1.0 hand-written loop (BesselApproxVolume, Adam)"
+    epoch_note = ("ours: exact Bessel volume, negatives filtered against the known pairs, "
+                  "nested-pair log(1 − P), end-of-epoch quantiles and accuracy" if not steps
+                  else "ours: exact Bessel volume, filtered negatives, nested-pair log(1 − P)")
+    return [
+        row(f"trainer vs hand-written peer loop ({setting})", ms["ours"], peer_name,
+            ms["approx"], ops=ops["ours"], syncs=syncs["ours"],
+            note=f"{epoch_note}; diagnostics every {cfg.diagnostics_every} steps; peer "
+                 f"{ops['peer']} ops, {syncs['peer']} syncs per step"),
+        row(f"same, diagnostics_every=0 ({setting})", ms["plain"], peer_name, ms["approx"],
+            note="cost of the diagnostics = difference to the row above"),
+        row(f"same, peer loop with our exact Bessel volume ({setting})", ms["plain"],
+            "box-embeddings loop, volume = perturb exact", ms["exact"],
+            note="ours without diagnostics; separates the volume's cost from the loop's"),
+    ]
+
+
 def run(quick: bool = False) -> list[dict]:
     n, d = (8192, 32) if quick else (65536, 32)
     repeat = 3 if quick else 10
@@ -165,7 +244,11 @@ def run(quick: bool = False) -> list[dict]:
                     ours_exact, "perturb approx=True", ours_approx,
                     note="cost of the exact K0 volume (log K0 and its slope from the polynomial "
                          "table, one gather and 3 fused multiply-adds per element in float32)"))
-    return rows + _trainer_rows(quick)
+    try:
+        import box_embeddings  # noqa: F401
+    except ImportError:
+        return rows + _trainer_rows(quick)
+    return rows + _trainer_rows(quick) + _peer_loop_rows(quick)
 
 
 if __name__ == "__main__":

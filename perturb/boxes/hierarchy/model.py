@@ -214,7 +214,10 @@ class BoxHierarchyModel(nn.Module):
         """
         n_pairs = child.shape[0]
         box = self.gather(torch.cat([child, parent]))
-        cb, pb = box[:n_pairs], box[n_pairs:]
+        # split, not two slices: its backward is one cat, where each slice's backward fills a
+        # zero tensor of the full size and the two are then added
+        (lo_c, lo_p), (hi_c, hi_p) = box.lower.split(n_pairs), box.upper.split(n_pairs)
+        cb, pb = Box._trusted(lo_c, hi_c), Box._trusted(lo_p, hi_p)
         if n_pairs >= self.num_nodes:
             return self.score_boxes(pb, cb, n_pos, self.log_volume()[child.to(self.device)])
         return self.score_boxes(pb, cb, n_pos)

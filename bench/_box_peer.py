@@ -1,0 +1,111 @@
+"""The peer of the hierarchy trainer: the epoch a box-embeddings user writes by hand.
+
+A plain PyTorch loop over box-embeddings 0.1.0's ``BoxTensor``, ``GumbelIntersection`` and
+``BesselApproxVolume`` (log scale) with Adam, on the same positives, batch size, negatives per
+positive, dimension, Gumbel β (intersection) and β_vol (volume) as ours, and the same
+center/offset parameterisation started from the same boxes. Per step:
+
+- negatives: each positive repeated ``k`` times, its child or its parent (probability 1/2)
+  replaced by a uniform node; no filtering against the known pairs (ours rejects those);
+- ``log p = min(0, log Vol(parent ∩ child) − log Vol(child))`` with the softplus
+  approximation of the Bessel volume (ours: the exact one);
+- loss ``mean(−log p)`` over the positives ``+ mean(−log(1 − p))`` over the negatives, with
+  ``log(1 − p) = log(−expm1(log p))`` (ours: the accurate nested-pair form);
+- Adam over the full parameter tensors (the same optimizer settings as ours).
+
+``volume="exact"`` swaps in our exact Bessel log volume
+(:func:`perturb.boxes.volume`, ``approx=False``) to separate the cost of the volume from the
+cost of the loop.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+EULER_GAMMA = 0.5772156649015329
+
+
+class PeerLoop:
+    """State of the hand-written loop: parameters ``center`` and ``raw`` (softplus half-width),
+    its Adam and generator.
+
+    Args:
+        center, raw: ``(n, d)`` initial parameters (copied).
+        positives: ``(m, 2)`` (child, parent) ids.
+        beta, volume_beta: Gumbel scales of the intersection and of the volume.
+        batch_size, negatives: per step.
+        lr: Adam's learning rate.
+        volume: "approx" (box-embeddings' ``BesselApproxVolume``) or "exact" (ours).
+        seed: the loop's generator.
+    """
+
+    def __init__(self, center: torch.Tensor, raw: torch.Tensor, positives: torch.Tensor, *,
+                 beta: float, volume_beta: float, batch_size: int, negatives: int, lr: float,
+                 volume: str = "approx", seed: int = 0) -> None:
+        from box_embeddings.modules.intersection import GumbelIntersection
+        from box_embeddings.modules.volume import BesselApproxVolume
+        from box_embeddings.parameterizations.box_tensor import BoxTensor
+
+        self.box_tensor = BoxTensor
+        self.center = torch.nn.Parameter(center.detach().clone())
+        self.raw = torch.nn.Parameter(raw.detach().clone())
+        self.positives = positives
+        self.n = center.shape[0]
+        self.batch_size, self.k = batch_size, negatives
+        self.intersect = GumbelIntersection(intersection_temperature=beta)
+        if volume == "approx":
+            self.log_volume = BesselApproxVolume(log_scale=True, volume_temperature=volume_beta,
+                                                 intersection_temperature=beta)
+        elif volume == "exact":
+            from perturb.boxes import Box, volume as our_volume
+
+            def exact(box):
+                return our_volume(Box(box.z, box.Z), beta=volume_beta, log=True)
+            self.log_volume = exact
+        else:
+            raise ValueError(f"volume must be 'approx' or 'exact', got {volume!r}")
+        try:
+            self.opt = torch.optim.Adam([self.center, self.raw], lr=lr, fused=True)
+        except (RuntimeError, ValueError):
+            self.opt = torch.optim.Adam([self.center, self.raw], lr=lr)
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def loss(self, batch: torch.Tensor) -> torch.Tensor:
+        """The loss of one batch of positives and its fresh negatives."""
+        m = batch.shape[0]
+        base = batch.repeat_interleave(self.k, dim=0)
+        ent = torch.randint(self.n, (base.shape[0],), generator=self.gen)
+        side = torch.randint(2, (base.shape[0],), generator=self.gen)
+        neg = torch.stack([torch.where(side == 0, ent, base[:, 0]),
+                           torch.where(side == 1, ent, base[:, 1])], dim=1)
+        pairs = torch.cat([batch, neg])
+        ids = torch.cat([pairs[:, 0], pairs[:, 1]])
+        c = F.embedding(ids, self.center)
+        h = F.softplus(F.embedding(ids, self.raw))
+        box = self.box_tensor.from_zZ(c - h, c + h)
+        p = pairs.shape[0]
+        child = self.box_tensor.from_zZ(box.z[:p], box.Z[:p])
+        parent = self.box_tensor.from_zZ(box.z[p:], box.Z[p:])
+        log_inter = self.log_volume(self.intersect(parent, child))
+        log_p = (log_inter - self.log_volume(child)).clamp(max=0.0)
+        log1m = torch.log(-torch.expm1(log_p[m:].clamp(max=-1e-7)))
+        return -log_p[:m].mean() - log1m.mean()
+
+    def step(self, batch: torch.Tensor) -> torch.Tensor:
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.loss(batch)
+        loss.backward()
+        self.opt.step()
+        return loss.detach()
+
+    def run_epoch(self, steps: int | None = None) -> float:
+        """One shuffled pass over the positives (or its first ``steps`` batches); the mean
+        loss (one host read)."""
+        perm = torch.randperm(self.positives.shape[0], generator=self.gen)
+        batches = perm.split(self.batch_size)
+        if steps is not None:
+            batches = batches[:steps]
+        total = torch.zeros(())
+        for idx in batches:
+            total += self.step(self.positives[idx])
+        return float(total) / len(batches)
