@@ -243,7 +243,8 @@ def run(quick: bool = False) -> list[dict]:
     rows.append(row(f"exact Bessel log volume vs our softplus approx, fwd+bwd ({size})",
                     ours_exact, "perturb approx=True", ours_approx,
                     note="cost of the exact K0 volume (log K0 and its slope from the polynomial "
-                         "table, one gather and 3 fused multiply-adds per element in float32)"))
+                         "table, per element and function one 1-D gather per power of s and 3 "
+                         "fused multiply-adds in float32)"))
     try:
         import box_embeddings  # noqa: F401
     except ImportError:
