@@ -10,10 +10,10 @@ from torch import nn
 from perturb._math import log_expm1
 from perturb._validation import (check_choice, check_device, check_int, check_tau, check_value,
                                  validation_enabled)
-import perturb.noise as _noises
 from perturb.boxes.box import Box
-from perturb.boxes.expected_volumes import check_box_noise, volume
+from perturb.boxes.expected_volumes import volume
 from perturb.boxes.intersections import containment_prob, log_containment_prob, overlap
+from perturb.boxes.noise_records import check_recordable, noise_from_record, noise_record
 from perturb.noise import Gumbel, Noise
 
 __all__ = ["BoxEmbedding"]
@@ -116,7 +116,7 @@ class BoxEmbedding(nn.Module):
             raise ValueError(f"give beta (Gumbel boxes) or noise, not both: got beta={beta!r} "
                              f"and noise={noise!r}")
         else:
-            self.noise = _check_recordable(noise)
+            self.noise = check_recordable(noise)
         check_choice(parameterisation, _PARAMETERISATIONS, "parameterisation")
         self.parameterisation = parameterisation
         if isinstance(init, (int, float)):
@@ -164,7 +164,7 @@ class BoxEmbedding(nn.Module):
         """What the state_dict records besides the parameters (plain values, so that it loads
         with ``torch.load(weights_only=True)``)."""
         noise = self.noise
-        record = None if noise is None or type(noise) is Gumbel else _noise_record(noise)
+        record = None if noise is None or type(noise) is Gumbel else noise_record(noise)
         return {"format": _STATE_FORMAT, "parameterisation": self.parameterisation,
                 "num_entities": self.num_entities, "dim": self.dim, "beta": self.beta,
                 "noise": record, "init": tuple(self.init)}
@@ -177,7 +177,7 @@ class BoxEmbedding(nn.Module):
         if record is None:
             self.beta = state["beta"]
         else:
-            self.noise = _noise_from_record(record)
+            self.noise = noise_from_record(record)
         low, high = (float(v) for v in state["init"])
         self.init = (low, high)
 
@@ -288,34 +288,6 @@ class BoxEmbedding(nn.Module):
             else f"noise={self.noise!r}"
         return (f"num_entities={self.num_entities}, dim={self.dim}, {model}, "
                 f"parameterisation={self.parameterisation!r}")
-
-
-def _noise_record(noise: Noise) -> dict[str, Any]:
-    """The plain-value record of a noise of :mod:`perturb.noise` (its class name and
-    parameters)."""
-    params: dict[str, Any] = noise._params() or {}
-    return {"family": type(noise).__name__, **{k: float(v) for k, v in params.items()}}
-
-
-def _noise_from_record(record: Any) -> Noise:
-    """The noise a :func:`_noise_record` describes (ValueError for anything else)."""
-    family = record.get("family") if isinstance(record, Mapping) else None
-    cls = getattr(_noises, family, None) if isinstance(family, str) else None
-    if not (isinstance(cls, type) and issubclass(cls, Noise)):
-        raise ValueError(f"not a BoxEmbedding noise record: {record!r}")
-    return _check_recordable(cls(**{k: v for k, v in record.items() if k != "family"}))
-
-
-def _check_recordable(noise: Noise) -> Noise:
-    """``noise`` if the expected volumes can use it and its record rebuilds it; else a
-    ValueError saying what to do."""
-    check_box_noise(noise)
-    if getattr(_noises, type(noise).__name__, None) is not type(noise):
-        raise ValueError(f"noise={noise!r} is not a noise of perturb.noise, so the state_dict "
-                         f"cannot record it: use one of perturb.noise (Gumbel, Normal, "
-                         f"Logistic), or call perturb.boxes.expected_volume(..., noise=...) on "
-                         f"the boxes emb(ids) yourself")
-    return noise
 
 
 def _check_extra_state(state: Any, module: BoxEmbedding) -> None:

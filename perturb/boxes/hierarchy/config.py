@@ -17,11 +17,11 @@ import torch
 
 from perturb._deprecation import warn_future
 from perturb._validation import check_choice, check_int, check_tau
-from perturb.boxes.expected_volumes import check_box_noise
+from perturb.boxes.noise_records import check_recordable, noise_from_record, noise_record
 from perturb.noise import Gumbel, Logistic, Noise, Normal
 
 __all__ = ["HierarchyConfig", "METHODS", "DEFAULT_NOISE", "PARAMETERISATIONS", "INITIALIZERS",
-           "box_model", "resolve_box_model", "noise_record", "noise_from_record"]
+           "box_model", "resolve_box_model"]
 
 #: Names of the box models (:func:`box_model`): the noises of the corners, or the two models
 #: without noise, "soft" (softplus-smoothed volumes) and "hard". As values of the deprecated
@@ -60,7 +60,9 @@ def resolve_box_model(fn: str, noise: Any, temperature: Any, method: str | None 
     boxes) or the deprecated one of ``fn`` (``method`` a name of :data:`METHODS`, also
     accepted in place of ``noise``; ``beta`` the noise scale), which warns unless ``warn`` is
     False (files written before the change). Validated; ValueError naming the argument."""
-    if isinstance(noise, str):
+    if not isinstance(noise, str):
+        noise = noise_from_record(noise)     # a Noise, None, or a record of a saved file
+    else:
         if noise not in METHODS:
             raise ValueError(f"noise must be a perturb.noise.Noise (e.g. Gumbel(scale=0.01), "
                              f"Normal(0.05)) or None, got {noise!r}")
@@ -100,9 +102,8 @@ def resolve_box_model(fn: str, noise: Any, temperature: Any, method: str | None 
             warn_future(fn, "beta=", "give the scale in the noise: noise=Gumbel(scale=β)")
         if noise is None:
             raise ValueError(f"{fn}: beta={beta!r} is a noise scale, but noise=None")
-        noise = type(noise)(scale=float(beta))
+        noise = check_recordable(type(noise)(scale=float(beta)))
     if noise is not None:
-        check_box_noise(noise)
         if temperature is not None:
             raise ValueError(f"temperature={temperature!r} is the softplus smoothing of boxes "
                              f"without noise (noise=None); drop it or noise={noise!r}")
@@ -111,28 +112,6 @@ def resolve_box_model(fn: str, noise: Any, temperature: Any, method: str | None 
         check_tau(temperature, "temperature")
         temperature = float(temperature)
     return None, temperature
-
-
-def noise_record(noise: Noise | None) -> dict[str, Any] | None:
-    """Plain values describing a noise of :mod:`perturb.noise` (JSON, ``weights_only``)."""
-    if noise is None:
-        return None
-    params: dict[str, Any] = noise._params() or {}
-    return {"family": type(noise).__name__, **{k: float(v) for k, v in params.items()}}
-
-
-def noise_from_record(record: Any) -> Any:
-    """The noise of :func:`noise_record` (a Noise, and a deprecated name of :data:`METHODS`
-    for :func:`resolve_box_model`, pass through); ValueError otherwise."""
-    if record is None or isinstance(record, (Noise, str)):
-        return record
-    import perturb.noise as noises
-    family = record.get("family") if isinstance(record, Mapping) else None
-    cls = getattr(noises, family, None) if isinstance(family, str) else None
-    if not (isinstance(cls, type) and issubclass(cls, Noise)):
-        raise ValueError(f"noise must be a perturb.noise.Noise, None or a record "
-                         f"{{'family': 'Normal', 'scale': 0.1}}, got {record!r}")
-    return cls(**{k: v for k, v in record.items() if k != "family"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,7 +216,7 @@ class HierarchyConfig:
     def __post_init__(self, method: str | None, beta: float | None) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)      # noqa: E731 (frozen)
         set_("dim", check_int(self.dim, "dim", low=1))
-        noise, temperature = resolve_box_model("HierarchyConfig", noise_from_record(self.noise),
+        noise, temperature = resolve_box_model("HierarchyConfig", self.noise,
                                                self.temperature, method, beta)
         set_("noise", noise)
         set_("temperature", temperature)

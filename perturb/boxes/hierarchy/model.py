@@ -27,8 +27,8 @@ from perturb.boxes.embedding import BoxEmbedding
 from perturb.boxes.expected_volumes import expected_volume, volume
 from perturb.boxes.intersections import (_log1m_containment, intersection,
                                          log1m_containment_prob, log_containment_prob)
-from perturb.boxes.hierarchy.config import (DEFAULT_NOISE, box_model, noise_from_record,
-                                            noise_record, resolve_box_model)
+from perturb.boxes.hierarchy.config import DEFAULT_NOISE, box_model, resolve_box_model
+from perturb.boxes.noise_records import noise_record
 from perturb.noise import Gumbel, Noise
 
 __all__ = ["BoxHierarchyModel", "PairScores", "check_model"]
@@ -85,7 +85,7 @@ class BoxHierarchyModel(nn.Module):
         super().__init__()
         check_int(num_nodes, "num_nodes", low=1)
         self.noise, self.temperature = resolve_box_model(
-            "BoxHierarchyModel", noise_from_record(noise), temperature, method, beta)
+            "BoxHierarchyModel", noise, temperature, method, beta)
         if volume_beta is not None:
             check_tau(volume_beta, "volume_beta")
         self.volume_beta = float(volume_beta) if volume_beta is not None else None
@@ -120,7 +120,7 @@ class BoxHierarchyModel(nn.Module):
 
     def hparams(self) -> dict[str, Any]:
         """The constructor arguments (besides ``nodes``, ``generator``, ``device``), plain
-        values (the noise as :func:`~perturb.boxes.hierarchy.config.noise_record`)."""
+        values (the noise as :func:`~perturb.boxes.noise_records.noise_record`)."""
         return dict(num_nodes=self.num_nodes, dim=self.dim, noise=noise_record(self.noise),
                     volume_beta=self.volume_beta, temperature=self.temperature,
                     parameterisation=self.embedding.parameterisation,
