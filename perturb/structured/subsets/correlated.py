@@ -168,17 +168,6 @@ def _log_partition_unrolled(y: torch.Tensor, d: int, k: int) -> torch.Tensor:
     return torch.logsumexp(_root_logits(_prepare(y, d, k), k), -1)
 
 
-def _marginals_hvp(y: torch.Tensor, g: torch.Tensor, d: int, k: int) -> torch.Tensor:
-    """Cov_q(z) ḡ = ∇_y ⟨∇A(y), ḡ⟩ by double backward through the inside pass: the former
-    backward, kept as an independent reference for the tangent passes (tests). Pure."""
-    with torch.enable_grad():
-        leaf = y.detach().requires_grad_(True)
-        (mu,) = torch.autograd.grad(_log_partition_unrolled(leaf, d, k).sum(), leaf,
-                                    create_graph=True)
-        (hv,) = torch.autograd.grad((mu * g).sum(), leaf)
-    return hv
-
-
 class _Marginals(torch.autograd.Function):
     r"""μ = ∇A(y) by the mass-conserving top-down pass; backward ḡ ↦ Cov_q(z) ḡ (symmetric).
 
