@@ -188,6 +188,9 @@ class HierarchyConfig:
 
     dim: int = 10
     noise: Noise | None = DEFAULT_NOISE
+    # keyword-only from here: the third positional field was ``beta`` before noise objects,
+    # and HierarchyConfig(10, "gumbel", 0.05) must not silently become volume_beta=0.05
+    _: dataclasses.KW_ONLY
     volume_beta: float | None = 0.1
     temperature: float | None = None
     parameterisation: str = "center_offset"

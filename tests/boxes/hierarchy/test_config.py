@@ -90,3 +90,13 @@ def test_old_format_dicts_load_without_a_warning():
     assert HierarchyConfig.from_dict(old) == HierarchyConfig.from_dict(new)
     old.update(method="soft")
     assert HierarchyConfig.from_dict(old).box_model == "soft"
+
+
+def test_positional_fields_stop_after_the_noise():
+    """The old third positional field was beta: a call in the old order fails loudly instead
+    of setting volume_beta; (dim, deprecated method name) still works."""
+    with pytest.warns(FutureWarning, match="method='gumbel'"):
+        assert HierarchyConfig(4, "gumbel").noise == Gumbel(0.01)
+    with pytest.raises(TypeError, match="positional"):
+        HierarchyConfig(4, "gumbel", 0.05)
+    assert "_" not in HierarchyConfig().to_dict()
