@@ -75,12 +75,17 @@ def _device(text: str) -> str:
 
 
 def parser(doc: str | None, *, quick: str = "a short version (make demo)",
-           out: str = "results", threads: int | None = None) -> argparse.ArgumentParser:
+           out: str | None = None, threads: int | None = None) -> argparse.ArgumentParser:
     """A parser with the shared flags; the script adds its own.
 
-    ``doc`` (the module docstring) is the description, shown as written. ``threads``: when not
-    None, a ``--threads`` flag with that default (``torch.set_num_threads`` in :func:`session`).
+    ``doc`` (the module docstring) is the description, shown as written. ``out``: the default
+    ``--out``; None gives ``results/<script>`` for the calling script (as ``make demo`` and the
+    README have it). ``threads``: when not None, a ``--threads`` flag with that default
+    (``torch.set_num_threads`` in :func:`session`).
     """
+    if out is None:
+        caller = sys._getframe(1).f_globals.get("__file__")
+        out = f"results/{pathlib.Path(caller).stem}" if caller else "results"
     p = argparse.ArgumentParser(description=doc, formatter_class=_HelpFormatter)
     p.add_argument("--seed", type=int, default=0, help="(first) random seed")
     p.add_argument("--device", default="cpu", type=_device,
@@ -236,17 +241,19 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None,
 # --------------------------------------------------------------------------------------------
 
 def mean_std(values: Iterable[float], digits: int = 3, scale: float = 1.0) -> str:
-    """``"mean ± std"`` of ``values`` times ``scale`` with ``digits`` decimals: the sample
-    standard deviation (n − 1), 0 for a single value, ``"-"`` for none.
+    """``"mean ± std"`` of ``values`` times ``scale`` with ``digits`` decimals (the sample
+    standard deviation, n − 1); a single value as ``"value (1 seed)"``, since a spread of one
+    value would read as a measured ± 0; ``"-"`` for none.
 
     >>> mean_std([0.5, 0.7]), mean_std([0.25], digits=2), mean_std([0.981, 0.95], 1, 100)
-    ('0.600 ± 0.141', '0.25 ± 0.00', '96.5 ± 2.2')
+    ('0.600 ± 0.141', '0.25 (1 seed)', '96.5 ± 2.2')
     """
     xs = [scale * float(v) for v in values]
     if not xs:
         return "-"
-    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return f"{statistics.mean(xs):.{digits}f} ± {sd:.{digits}f}"
+    if len(xs) == 1:
+        return f"{xs[0]:.{digits}f} (1 seed)"
+    return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs):.{digits}f}"
 
 
 def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]],

@@ -14,7 +14,7 @@ Outputs in --out: results.md (tables), results.json, f1_curves.png, zero_grad.pn
 boxes_2d.png (learned 2-D Gumbel boxes of a 15-node tree).
 
     python examples/box_hierarchy.py --quick
-    python examples/box_hierarchy.py --epochs 60 --seeds 3 --out results/
+    python examples/box_hierarchy.py --epochs 60 --seeds 3 --out results/box_hierarchy
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ NOISE_METHODS = ("normal", "logistic")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = parser(__doc__.split("\n\n")[0], quick="63-node tree, d=2/4, 1 seed", out="results/")
+    p = parser(__doc__.split("\n\n")[0], quick="63-node tree, d=2/4, 1 seed")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds per configuration")
     p.add_argument("--epochs", type=int, default=None,
                    help="epochs at --lr per run (default 20; --quick 40)")

@@ -151,7 +151,7 @@ def _sparsemax_backward(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
 class _Sparsemax(torch.autograd.Function):
     r"""p = sparsemax(z) = [z − ν]_+ over the last dim; backward :func:`_sparsemax_backward`.
 
-    The Jacobian is diag(s) − s sᵀ/|S| with s the indicator of the support (Martins & Astudillo
+    The Jacobian is ``diag(s) − s sᵀ/|S|`` with s the indicator of the support (Martins & Astudillo
     2016, Prop. 2), defined wherever no coordinate sits exactly on the threshold. It is
     symmetric, so the forward-mode product (``jvp``, for ``torch.func.jacfwd``) is the same
     formula applied to the tangent.
@@ -245,7 +245,7 @@ def sparsemax(x: torch.Tensor, dim: int = -1, tau: float | torch.Tensor = 1.0,
         x: scores (floating dtype).
         dim: the dim holding the categories.
         tau: temperature τ > 0 (a float, or a tensor broadcastable to the other dims).
-        backward: ``"auto"``/``"analytic"`` (Jacobian diag(s) − s sᵀ/|S|), ``"unroll"`` or
+        backward: ``"auto"``/``"analytic"`` (Jacobian ``diag(s) − s sᵀ/|S|``), ``"unroll"`` or
             ``"finite_difference"``.
 
     Shape: any, ``x.shape[dim] = n``; output the same.
@@ -397,7 +397,7 @@ def gumbel_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, hard: 
     On CUDA there is no host synchronisation: a bad value in the logits raises asynchronously
     (a device-side assertion naming ``logits``, :mod:`perturb._validation`), and with a float τ
     the sample is one compiled kernel forward and one backward (:mod:`perturb._fused`; the same
-    noise as the eager ops, equal up to float rounding; see :func:`set_compiled`).
+    noise as the eager ops, equal up to float rounding; see ``perturb._fused.set_compiled``).
 
     Raises:
         ValueError: integer dtype, ``dim`` out of range, τ ≤ 0, NaN/+inf logits (−inf masks).
@@ -430,7 +430,7 @@ def gaussian_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, scal
     ``relax(logits, Simplex(), Normal(scale), Entropy(), tau, hard, generator=generator)`` along
     ``dim``. As τ → 0 the sample becomes the one-hot of argmax_i θ_i + σ Z_i (a multinomial-probit
     model, whose class probabilities are not softmax(θ); see
-    :meth:`perturb.noise.Normal.argmax_probs`).
+    :meth:`perturb.noise.Noise.argmax_probs`).
 
     Args:
         logits: scores θ.

@@ -167,7 +167,7 @@ def identify(p: torch.Tensor, noise: Any, kind: str = "softmax", tau: float = 1.
             ``cdf`` + ``log_prob``, or ``argmax_probs``, for argmax).
         kind: ``"softmax"`` (E[softmax((θ+ε)/τ)]) or ``"argmax"`` (P(argmax(θ+ε) = i)).
         tau: temperature τ > 0 (softmax only).
-        tol: tolerance on max_i |log ∇F(θ)_i − log p_i|.
+        tol: tolerance on ``max_i |log ∇F(θ)_i − log p_i|``.
         max_iter: Newton iterations.
         n_samples, n_reps: points per QMC replicate and replicates (softmax).
         init: a starting θ (default: log(p/p_d) rescaled to the noise's spread).
@@ -177,7 +177,7 @@ def identify(p: torch.Tensor, noise: Any, kind: str = "softmax", tau: float = 1.
 
     Returns:
         :class:`IdentifyResult` ``(theta, residual, converged, std_error)``: ``residual`` is
-        max_i |∇F(θ)_i − p_i|; for softmax, ``std_error`` is the standard error of that
+        ``max_i |∇F(θ)_i − p_i|``; for softmax, ``std_error`` is the standard error of that
         measurement (fit points and fresh points combined), so ``residual`` is within a few
         ``std_error`` of 0 when the model reaches ``p``.
 

@@ -213,7 +213,7 @@ class StochasticSoftmax(torch.nn.Module):
 
     @property
     def tau(self) -> float | torch.Tensor:
-        """τ: a float, or the tensor it was set to (e.g. a learnable ``nn.Parameter``, which
+        """The temperature τ, a float or the tensor it was set to (e.g. a learnable ``nn.Parameter``, which
         then gets gradients in training and evaluation mode)."""
         given = self._tau_given()
         return self._tau if given is None else given
@@ -374,7 +374,7 @@ class GaussianSoftmax(GumbelSoftmax):
 
     @property
     def sigma(self) -> float:
-        """Deprecated name of :attr:`scale`."""
+        """Deprecated name of ``scale``."""
         return self.scale
 
     def _hyper(self) -> dict[str, Any]:

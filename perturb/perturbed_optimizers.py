@@ -237,7 +237,7 @@ def perturbed(argmax_fn: ArgmaxFn | Structure, theta: torch.Tensor, noise: Noise
             ``event_dim``, e.g. ``KSubset(3)``), or a callable. With ``batched=True`` it maps a
             tensor ``(M, *batch, *event)`` to
             ``(M, *batch, *out)``; with ``batched=False`` it maps one problem ``(*event)`` to
-            ``(*out)`` and is called M·|batch| times. It may return a tensor, a numpy array or a
+            ``(*out)`` and is called ``M·|batch|`` times. It may return a tensor, a numpy array or a
             nested list; it receives a tensor on ``theta``'s device (call ``.cpu().numpy()``
             for numpy code).
         theta: scores θ.

@@ -63,7 +63,7 @@ class BoxEmbedding(nn.Module):
     convenience methods :meth:`volume`, :meth:`containment_prob` and :meth:`overlap`: Gumbel
     boxes of scale ``beta`` (the default, β = 0.1), any other noise on the line with
     ``noise=`` (``Normal(0.1)``, ``Logistic(0.1)``: expected volumes by quadrature), or hard
-    boxes with ``beta=None``. The attribute :attr:`noise` is the noise (``Gumbel(scale=β)``
+    boxes with ``beta=None``. The attribute ``noise`` is the noise (``Gumbel(scale=β)``
     for ``beta=β``, None for hard boxes) and :attr:`beta` the Gumbel scale (None for other
     noises); setting ``beta`` sets Gumbel boxes of that scale (None: hard).
 

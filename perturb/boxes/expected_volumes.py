@@ -364,7 +364,7 @@ def _deprecated_method(fn: str, method: str | None, beta: Any, temperature: Any
 def volume(box: Box, method: str | None = None, beta: float | torch.Tensor | None = None,
            temperature: float | torch.Tensor | None = None, approx: bool = False,
            log: bool = False, *, noise: Noise | None = None) -> torch.Tensor:
-    """Volume of a batch of boxes: hard, expected under a corner noise, or softplus-smoothed.
+    """Volume of a batch of boxes: hard, expected under a corner noise, or softplus-smoothed::
 
         hard (default):  Π_i max(hi_i − lo_i, 0)
         Gumbel (beta=β): Π_i 2β·K0(2·exp(−(μ_hi,i − μ_lo,i)/(2β)))             (exact)

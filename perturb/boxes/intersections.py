@@ -130,7 +130,7 @@ def _gumbel_intersection_backward(lo_a: torch.Tensor, hi_a: torch.Tensor, lo_b: 
 
 
 def intersection(a: Box, b: Box, beta: float | torch.Tensor | None = None) -> Box:
-    """Intersection of two batches of boxes: hard, or Gumbel with scale ``beta``.
+    """Intersection of two batches of boxes: hard, or Gumbel with scale ``beta``::
 
         hard (beta=None):  lower = max(lo_a, lo_b),          upper = min(hi_a, hi_b)
         Gumbel (beta > 0): lower = β·log(e^{lo_a/β} + e^{lo_b/β}),

@@ -328,13 +328,13 @@ def sample_negatives(pairs: torch.Tensor, num_entities: int, n_negatives: int = 
         n_negatives: negatives per positive pair.
         corrupt: "head", "tail" or "both".
         known: pairs that must not be returned: an integer tensor ``(m, 2)`` or a
-            :class:`PairSet` (built once, for repeated calls: nothing is sorted per call).
+            ``PairSet`` (built once, for repeated calls: nothing is sorted per call).
         generator: torch.Generator; the draws are made on its device (default: the device of
             ``pairs`` with its default generator) and moved to the device of ``pairs``.
         max_tries: draws per negative at most (>= 1).
         strict: raise when a negative still hits a known pair after ``max_tries`` draws (one
             host read); ``strict=False`` returns it as it is (no host read: a training loop
-            counts such pairs on the device instead, e.g. with :meth:`PairSet.contains`).
+            counts such pairs on the device instead, e.g. with ``PairSet.contains``).
         mode: "auto", "adaptive" or "fixed" (above).
 
     Shape:

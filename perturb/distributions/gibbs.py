@@ -229,7 +229,7 @@ class GibbsDistribution(Distribution):
     def entropy(self) -> torch.Tensor:
         """H(p) = A(θ) − ⟨θ, μ⟩_Z, exact and differentiable; shape ``(*batch)``.
 
-        The difference cancels two terms of size |θ|·(structure size), so below float64 it is
+        The difference cancels two terms of size ``|θ|·(structure size)``, so below float64 it is
         computed in float64 (and returned in θ's dtype): in float32, scores of 1e4 would leave
         an error of ~1e-3, even a negative entropy."""
         if self._theta.dtype == torch.float64:

@@ -89,7 +89,7 @@ class RelaxedPerturbedStructure(_PerturbedBase):
 
     @property
     def support(self) -> Any:
-        """conv Z: the probability simplex for :class:`~perturb.Simplex`, else
+        """The convex hull conv Z, which is the probability simplex for :class:`~perturb.Simplex`, else
         :class:`~perturb.distributions.constraints.StructureHull`."""
         if isinstance(self.structure, Simplex):
             return constraints.simplex
@@ -174,7 +174,7 @@ class RelaxedPerturbedStructure(_PerturbedBase):
 
     @property
     def mean(self) -> torch.Tensor:
-        """Not in closed form (E[softmax((θ + ε)/τ)] is an integral): NotImplementedError."""
+        """Not available in closed form (E[softmax((θ + ε)/τ)] is an integral); raises NotImplementedError."""
         raise NotImplementedError(
             "RelaxedPerturbedStructure.mean has no closed form (E[X_τ] is a d-dimensional "
             "integral); estimate it from rsample(), or use PerturbedStructure(...).mean for "

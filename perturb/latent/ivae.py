@@ -130,7 +130,7 @@ class IVAE(nn.Module):
 
     @property
     def temperature(self) -> float:
-        """Deprecated name of :attr:`tau`."""
+        """Deprecated name of ``tau``."""
         return self.tau
 
     def log_likelihood(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

@@ -65,7 +65,9 @@ _GRAPHS = ("arborescence", "independent", "gold")
 class ListOpsBatch(NamedTuple):
     """A padded batch of ListOps expressions.
 
-    Fields (B expressions padded to n = the longest):
+    B expressions padded to n = the longest.
+
+    Fields:
         tokens: ``(B, n)`` long token ids (``LISTOPS_VOCAB``), ``PAD`` = 15 after the end.
         lengths: ``(B,)`` long sequence lengths.
         heads: ``(B, n)`` long, the gold head position of each token; −1 for the root (position

@@ -46,7 +46,7 @@ def mean_corr_coef(z_true: torch.Tensor, z_est: torch.Tensor, method: str = "pea
                    ) -> torch.Tensor:
     """Mean correlation coefficient (MCC) between true sources and recovered latents.
 
-    MCC = max_π (1/n) Σ_i |corr(z_true_i, z_est_π(i))|: each source is matched to one latent by
+    ``MCC = max_π (1/n) Σ_i |corr(z_true_i, z_est_π(i))|``: each source is matched to one latent by
     the exact maximum-weight matching (:func:`perturb.structured.matching`, Hungarian) on the
     absolute correlations, so MCC is 1 for any permutation and (per-coordinate) scaling or sign
     change of the sources, and invariant to them. Spearman correlations make it invariant to

@@ -32,7 +32,7 @@ def test_mean_std_matches_statistics(common):
     assert common.mean_std(xs) == f"{m:.3f} ± {s:.3f}"
     assert common.mean_std(xs, 1, 100) == f"{100 * m:.1f} ± {100 * s:.1f}"
     assert common.mean_std(torch.tensor(xs), 4) == f"{m:.4f} ± {s:.4f}"     # tensors too
-    assert common.mean_std([2.5], 2) == "2.50 ± 0.00"                       # one value: std 0
+    assert common.mean_std([2.5], 2) == "2.50 (1 seed)"               # one value: no spread shown
     assert common.mean_std([]) == "-"
 
 
@@ -89,8 +89,17 @@ def test_parser_has_the_shared_flags(common):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     args = common.parser("doc", threads=1).parse_args(["--quick", "--device", dev])
     assert (args.quick, args.device, args.seed, args.out, args.threads, args.no_progress) == \
-        (True, dev, 0, "results", 1, False)
+        (True, dev, 0, "results/test_common", 1, False)    # results/<calling script>
     assert not hasattr(common.parser("doc").parse_args([]), "threads")
+    assert common.parser("doc", out="elsewhere").parse_args([]).out == "elsewhere"
+
+
+def test_default_out_is_results_slash_script_name():
+    """``--out`` defaults to results/<name>, as the README and ``make demo`` say."""
+    import subprocess
+    help_text = subprocess.run([sys.executable, str(ROOT / "examples" / "sinkhorn_sort.py"),
+                                "--help"], capture_output=True, text=True, check=True).stdout
+    assert "(default: results/sinkhorn_sort)" in " ".join(help_text.split())
 
 
 def test_plain_progress_fallback(common, monkeypatch, capsys):

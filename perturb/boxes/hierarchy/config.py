@@ -118,7 +118,10 @@ def resolve_box_model(fn: str, noise: Any, temperature: Any, method: str | None 
 class HierarchyConfig:
     """Hyper-parameters of a box-hierarchy run (model, optimisation, negatives, diagnostics).
 
-    Model (:class:`BoxHierarchyModel`):
+    The model fields configure :class:`BoxHierarchyModel`; the optimiser is Adam, one step per
+    batch of positives.
+
+    Model fields:
         dim: box dimension d (>= 1).
         noise: the noise perturbing every corner (a :class:`~perturb.noise.Noise` on the whole
             line: ``Gumbel(scale=β)``, the default with β = 0.01 after Dasgupta et al. 2020,
@@ -143,7 +146,7 @@ class HierarchyConfig:
         dtype: parameter dtype, "float32" (default), "float64", "bfloat16" or "float16" (a
             ``torch.dtype`` is accepted and stored by name).
 
-    Optimisation (Adam, one step per batch of positives):
+    Optimisation fields:
         epochs: passes over the positive edges (>= 0).
         lr: learning rate (> 0).
         batch_size: positive edges per step (>= 1), each with its negatives.
@@ -162,7 +165,7 @@ class HierarchyConfig:
         seed: seed of initialisation, shuffling and negatives (None: non-deterministic, unless
             the trainer gets a ``generator``).
 
-    Diagnostics and bookkeeping:
+    Diagnostics fields:
         diagnostics_every: the stalled-pair and zero-gradient diagnostics run on the first step
             of every epoch and then every ``diagnostics_every`` steps (0: never). They cost
             about one extra backward pass each, so the default 50 keeps them at ~2 % of the
@@ -275,7 +278,7 @@ class HierarchyConfig:
 
     @property
     def box_model(self) -> str:
-        """The box model's name: "gumbel", "normal", "logistic", …, "soft" or "hard"."""
+        """The box model's name, one of "gumbel", "normal", "logistic", …, "soft" or "hard"."""
         return box_model(self.noise, self.temperature)
 
     def replace(self, **changes: Any) -> "HierarchyConfig":

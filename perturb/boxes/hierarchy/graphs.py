@@ -127,7 +127,7 @@ def balanced_tree(branching: int, height: int) -> nx.DiGraph:
 
 def random_tree(n: int, *, generator: torch.Generator | None = None,
                 seed: int | None = None) -> nx.DiGraph:
-    """Random recursive tree on ``0 .. n-1`` rooted at 0, edges ``child -> parent``: the parent
+    """Random recursive tree on ``0, …, n-1`` rooted at 0, edges ``child -> parent``: the parent
     of node ``i >= 1`` is uniform on ``{0, ..., i-1}`` (expected depth ~ log n)."""
     check_int(n, "n", low=1)
     gen = resolve_generator(generator, seed)
@@ -142,7 +142,7 @@ def random_tree(n: int, *, generator: torch.Generator | None = None,
 
 def random_dag(n: int, extra_edge_prob: float = 0.05, *, generator: torch.Generator | None = None,
                seed: int | None = None) -> nx.DiGraph:
-    """Random hierarchy DAG on ``0 .. n-1`` with the single root 0, edges ``child -> parent``.
+    """Random hierarchy DAG on ``0, …, n-1`` with the single root 0, edges ``child -> parent``.
 
     Node ``i >= 1`` gets one parent uniform on ``{0..i-1}`` (so the DAG is connected and every
     node reaches 0) and, independently with probability ``extra_edge_prob``, each other

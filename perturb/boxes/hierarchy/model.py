@@ -110,7 +110,7 @@ class BoxHierarchyModel(nn.Module):
 
     @property
     def method(self) -> str:
-        """The box model's name: "gumbel", "normal", "logistic", …, "soft" or "hard"."""
+        """The box model's name, one of "gumbel", "normal", "logistic", …, "soft" or "hard"."""
         return box_model(self.noise, self.temperature)
 
     @property
@@ -120,7 +120,7 @@ class BoxHierarchyModel(nn.Module):
 
     def hparams(self) -> dict[str, Any]:
         """The constructor arguments (besides ``nodes``, ``generator``, ``device``), plain
-        values (the noise as :func:`~perturb.boxes.noise_records.noise_record`)."""
+        values (the noise as ``perturb.boxes.noise_records.noise_record``)."""
         return dict(num_nodes=self.num_nodes, dim=self.dim, noise=noise_record(self.noise),
                     volume_beta=self.volume_beta, temperature=self.temperature,
                     parameterisation=self.embedding.parameterisation,

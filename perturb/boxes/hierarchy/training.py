@@ -376,7 +376,7 @@ class Trainer:
 
     # -------------------------------------------------------------- one epoch
     def run_epoch(self, eval_fn: Callable[[BoxHierarchyModel], dict] | None = None) -> None:
-        """Train one epoch and append its record to :attr:`history` (one host read of the
+        """Train one epoch and append its record to ``history`` (one host read of the
         step metrics, at the end)."""
         t0 = time.perf_counter()
         cfg, model = self.config, self.model

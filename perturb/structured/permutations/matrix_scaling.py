@@ -118,11 +118,11 @@ def sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0, n_iters: 
     absorbed into the log potentials only when they leave a safe range (stabilised Sinkhorn),
     and a block that would leave the floating range is redone in log space, so scores of ±1e4
     and τ = 1e-3 stay finite. At checks between blocks (the only host syncs; their spacing adapts to the observed
-    rate) the row error max_i |(P1)_i − a_i| is read off the row update at no extra cost; the
+    rate) the row error ``max_i |(P1)_i − a_i|`` is read off the row update at no extra cost; the
     loop stops when it is ≤ ``tol`` in every problem (the columns are then exact). If ``n_iters`` runs out first a :class:`SinkhornConvergenceWarning`
     is issued (the iterations needed grow roughly like 1/τ). A ``tol`` below the rounding
     floor 4 ε max|W/τ| (ε the dtype's epsilon, W centred by rows and columns; about 2e-5 in
-    float32 at |W|/τ ≈ 40) is raised to it: no float32 plan is more accurate.
+    float32 at ``|W|/τ ≈ 40``) is raised to it: no float32 plan is more accurate.
 
     Padded batches (``mask``): ``mask[..., i, j] = False`` gives entry (i, j) zero mass. A row
     (column) whose entries are all masked is padding: it gets zero mass and its ``a_i`` (``b_j``)

@@ -157,7 +157,7 @@ class Transport(Structure):
 
     @property
     def sizes(self) -> tuple[int, int]:
-        """(n, m): the numbers of rows and columns of the plans."""
+        """The numbers of rows and columns ``(n, m)`` of the plans."""
         return self.a.shape[-1], self.b.shape[-1]
 
     def validate(self, w: torch.Tensor, name: str = "w") -> None:

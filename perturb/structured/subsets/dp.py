@@ -223,7 +223,7 @@ def _marginals_unrolled(y: torch.Tensor, k: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 def ksubset_log_partition(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0) -> torch.Tensor:
-    r"""Log-partition A(w/τ) = log Σ_{|S| = k} exp(Σ_{i∈S} w_i / τ) of the k-subset family.
+    r"""Log-partition ``A(w/τ) = log Σ_{|S| = k} exp(Σ_{i∈S} w_i / τ)`` of the k-subset family.
 
     A(y) = log e_k(e^y), computed as log P_ν(N = k) + Σ_i softplus(y_i − ν) + kν for a tilt ν
     by a pairwise tree of truncated convolutions (module docstring). Its gradient with respect
