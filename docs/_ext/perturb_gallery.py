@@ -28,7 +28,7 @@ def _docstring(script: pathlib.Path) -> str:
 
 def _title(doc: str, name: str) -> str:
     first = doc.strip().split("\n\n")[0].replace("\n", " ").strip()
-    first = first.split(". ")[0].rstrip(".:")
+    first = re.split(r"(?<!\bal)(?<!e\.g)(?<!i\.e)\.\s+", first)[0].rstrip(".:")
     return first if first and len(first) < 110 else name.replace("_", " ")
 
 
@@ -102,11 +102,14 @@ def write(docs: pathlib.Path, cache: pathlib.Path) -> list[str]:
              "(`make docs-gallery`); each page has the tables and plots of that run and the "
              "command for the full one. `make demo` runs the same quick versions into "
              "`results/`.", ""]
+    index += ["::::{container} gallery-grid", ""]
     for name, title, thumb in cards:
+        index += [":::{container} gallery-card", ""]
         if thumb:
-            index += [f"```{{image}} {thumb[0]}", f":target: {name}.html", ":width: 260px",
-                      f":alt: {name}", ":class: gallery-thumb", "```", ""]
-        index += [f"**[{name}]({name}.md)**: {title}", ""]
+            index += [f"```{{image}} {thumb[0]}", f":target: {name}.html", f":alt: {name}",
+                      ":class: gallery-thumb", "```", ""]
+        index += [f"**[{name}]({name}.md)**: {title}", "", ":::", ""]
+    index += ["::::", ""]
     index += ["```{toctree}", ":hidden:", "", *names, "```", ""]
     text = "\n".join(index)
     path = gallery / "index.md"
