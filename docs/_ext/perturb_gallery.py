@@ -61,7 +61,8 @@ def page(name: str, script: pathlib.Path, outputs: pathlib.Path, images: list[st
     if images:
         lines += ["## Plots", ""]
         for img in images:
-            lines += [f"![{pathlib.Path(img).stem}]({img})", ""]
+            alt = pathlib.Path(img).stem.split("__", 1)[-1]      # the file name the example gave
+            lines += [f"![{alt}]({img})", ""]
     return "\n".join(lines)
 
 
