@@ -1,7 +1,7 @@
-"""Tests of tools/gpu_check.py, tools/gpu_check_parity.py (with its cases, gpu_check_cases.py) and
-tools/gpu_check_pytest.py (``make gpu-check``), on the CPU: every public name has a parity case or a stated exclusion, a subset of
-the cases runs CPU against CPU and is deterministic, mismatches are caught, and the pytest
-plugin selects the CUDA tests.
+"""Tests of tools/gpu_check.py, tools/gpu_check_parity.py (with its cases, gpu_check_cases.py)
+and tools/gpu_check_pytest.py (``make gpu-check``), on the CPU: every public name has a parity
+case or a stated exclusion, a subset of the cases runs CPU against CPU and is deterministic,
+mismatches are caught, and the pytest plugin selects the CUDA tests.
 """
 from __future__ import annotations
 
