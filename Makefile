@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean wordnet docs docs-venv docs-gallery docs-check
+.PHONY: demo test bench venv clean wordnet docs docs-venv docs-gallery docs-check gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -65,6 +65,18 @@ docs-check: docs
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[bench]" || echo "some peer libraries failed to install; their rows are skipped"
 	$(BIN)/python -m bench
+
+# On a machine with CUDA (issue 29), all three parts within 540 s: the suite's CUDA tests
+# (pytest -m gpu; estimated 1-3 min, limit 200 s), the CUDA-against-CPU parity of every public
+# name, values and gradients, float64 and float32 (31 s for CPU-against-CPU on a 2-core machine;
+# limit 120 s, the first compiled softmax variants included), and python -m bench --device cuda
+# (estimated 2-4 min; limit: the rest of 540 s). Budgets estimated, not yet measured on a GPU.
+# Results in results/gpu-check/ (summary.md, pytest.xml, parity.md, bench/); exit status
+# non-zero on any failure. No venv step (a GPU machine may have no package index): GPU_PY is
+# .venv's python when there is one, else $(PY).
+GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
+gpu-check:
+	$(GPU_PY) tools/gpu_check.py --out results/gpu-check
 
 clean:
 	rm -rf $(VENV) results build site docs/reference docs/gallery *.egg-info

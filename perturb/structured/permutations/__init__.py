@@ -13,7 +13,8 @@ Layout (one per structure family, see :mod:`perturb.structured`):
 - :mod:`.birkhoff`: :class:`Permutations`, :func:`matching` and the registered solvers;
 - :mod:`.transport`: :class:`Transport` and its registered solvers;
 - :mod:`.sinkhorn`: :func:`sinkhorn`, :func:`gumbel_sinkhorn`, :class:`SinkhornConvergenceWarning`;
-- ``_sinkhorn``: the private engine (iterations, implicit backward).
+- ``_sinkhorn``: the private engine (iterations), with ``_sinkhorn_vjp`` (implicit backward)
+  and ``_sinkhorn_graphs`` (the iterations replayed from captured CUDA graphs).
 """
 from perturb.structured.permutations._sinkhorn import SinkhornSolution  # noqa: F401 (old path)
 from perturb.structured.permutations.birkhoff import Permutations, matching

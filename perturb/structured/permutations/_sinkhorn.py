@@ -17,7 +17,8 @@ scalings stay in a safe range, the kernel being re-absorbed (u0 ← u) only when
 smaller one (stabilised Sinkhorn, Schmitzer 2019, arXiv:1610.06519), and in log space otherwise.
 
 The implicit backward of these iterations (and which fixed point it differentiates) is
-:mod:`perturb.structured.permutations._sinkhorn_vjp`.
+:mod:`perturb.structured.permutations._sinkhorn_vjp`; on CUDA the scaling iterations are
+replayed from captured graphs (:mod:`perturb.structured.permutations._sinkhorn_graphs`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ import torch
 
 from perturb._settings import CUDA_GRAPHS
 from perturb._validation import compiling_now, traced
+from perturb.structured.permutations._sinkhorn_graphs import (GRAPH_CHUNK, graphed_iterations,
+                                                               relaxed)
 
 
 class SinkhornSolution(NamedTuple):
@@ -104,72 +107,17 @@ _F32_EPS = torch.finfo(torch.float32).eps
 #: Deprecated spelling of ``perturb.settings(cuda_graphs=False)``, still honoured: graphs are
 #: replayed only while both are true.
 USE_CUDA_GRAPHS = True
-_GRAPH_CHUNK = 10
-_GRAPHS: dict = {}
-_MAX_GRAPHS = 16
 
 
 def _graphs_usable(K: torch.Tensor) -> bool:
+    """Replay captured graphs (:mod:`._sinkhorn_graphs`): CUDA, no autograd, not capturing."""
     return (USE_CUDA_GRAPHS and CUDA_GRAPHS.value and K.is_cuda and not torch.is_grad_enabled()
             and not torch.cuda.is_current_stream_capturing())
 
 
-def _graphed_iterations(K, a_c, b_c, eu, ev, omega, n_full):
-    """Run as many of ``n_full`` full iterations (column then row update) as fill whole chunks
-    of ``_GRAPH_CHUNK``, by replaying a captured CUDA graph; returns (eu, ev, iterations done).
-
-    On a GPU one eager iteration is 4 kernel launches whose host-side cost (~15 µs each)
-    dominates the arithmetic; a replayed graph launches a chunk at once (measured on an H100:
-    64 µs → 8.7 µs per iteration at 64 x 128 x 128 float32). Graphs are cached per (shape,
-    dtype, device, over-relaxation) and read/write static buffers, so results are identical to
-    the eager iterations. Disable with ``perturb.settings(cuda_graphs=False)``.
-    """
-    chunks = n_full // _GRAPH_CHUNK
-    if chunks == 0:
-        return eu, ev, 0
-    key = (tuple(K.shape), K.dtype, K.device, omega is not None)
-    entry = _GRAPHS.get(key)
-    if entry is None:
-        if len(_GRAPHS) >= _MAX_GRAPHS:
-            _GRAPHS.pop(next(iter(_GRAPHS)))
-        st = {"K": K.clone(), "a": a_c.clone(), "b": b_c.clone(), "eu": eu.clone(),
-              "ev": ev.clone(), "om": None if omega is None else omega.clone()}
-
-        def body():
-            Kg, Ktg, x, y = st["K"], st["K"].mT, st["eu"], st["ev"]
-            for _ in range(_GRAPH_CHUNK):
-                yp = st["b"] / (Ktg @ x)
-                y = yp if st["om"] is None else y * (yp / y).pow(st["om"])
-                xp = st["a"] / (Kg @ y)
-                x = xp if st["om"] is None else x * (xp / x).pow(st["om"])
-            st["eu"].copy_(x)
-            st["ev"].copy_(y)
-
-        side = torch.cuda.Stream(device=K.device)
-        side.wait_stream(torch.cuda.current_stream(K.device))
-        with torch.cuda.stream(side):
-            body()  # warm-up outside the capture (cuBLAS workspaces)
-        torch.cuda.current_stream(K.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            body()
-        entry = _GRAPHS[key] = (graph, st)
-    graph, st = entry
-    st["K"].copy_(K)
-    st["a"].copy_(a_c)
-    st["b"].copy_(b_c)
-    st["eu"].copy_(eu)
-    st["ev"].copy_(ev)
-    if omega is not None:
-        st["om"].copy_(omega)
-    for _ in range(chunks):
-        graph.replay()
-    return st["eu"].clone(), st["ev"].clone(), chunks * _GRAPH_CHUNK
-
-
 def _columns(K: torch.Tensor) -> bool:
     """Layout of the scalings: columns ``(*batch, n, 1)`` on CUDA (cuBLAS mat-vecs, the captured
-    graphs of :func:`_graphed_iterations`), rows ``(*batch, 1, n)`` elsewhere: on the CPU a
+    graphs of :mod:`._sinkhorn_graphs`), rows ``(*batch, 1, n)`` elsewhere: on the CPU a
     row-vector product ``x @ K`` is 4-8x faster than ``K @ x`` (measured, torch 2.13 / MKL, 32 x
     128 x 128 float64: 0.10 vs 0.52 ms on one thread; and ``K @ x`` with several threads on a
     loaded machine stalled at 12 ms)."""
@@ -231,20 +179,17 @@ def _scaling_block(log_k, u, v, a, b, n_iters, omega, pad, safe, kern: _Kernel |
 
         def row_sums(y):
             return torch.bmm(y, Kt3)
-    def relax(x, x_plain):  # x^{1−ω} x_plain^ω
-        if pad is None:
-            return x * (x_plain / x).pow(omega)
-        # padded rows/columns have zero scalings: ratio 1 there, not 0/0 (a NaN that sent every
-        # over-relaxed block of a padded batch back to log space), and finite gradients
-        zero = x == 0
-        return x * (x_plain / (x + zero) + zero).pow(omega)
+    padded = pad is not None
+
+    def relax(x, x_plain):  # x^{1−ω} x_plain^ω; zero (padded) scalings stay zero
+        return relaxed(x, x_plain, omega, padded)
 
     if rs is not None:  # a carried kernel: first the row update the last block stopped before
         eu_plain = a_s / rs
         eu = eu_plain if omega is None else relax(eu, eu_plain)
     start = 0
     if cols and _graphs_usable(K):  # CUDA: full iterations replayed from captured graphs
-        eu, ev, start = _graphed_iterations(K, a_s, b_s, eu, ev, omega, n_iters - 1)
+        eu, ev, start = graphed_iterations(K, a_s, b_s, eu, ev, omega, n_iters - 1, padded)
     for i in range(start, n_iters):
         ev_plain = b_s / col_sums(eu)
         last = i == n_iters - 1
@@ -534,8 +479,8 @@ def sinkhorn_iterate(log_k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                 continue
             if check_every is None:
                 block = int(min(max(need, 5), 200))
-                if log_k.is_cuda:  # whole graph chunks (see _graphed_iterations)
-                    block = _GRAPH_CHUNK * -(-(block - 1) // _GRAPH_CHUNK) + 1
+                if log_k.is_cuda:  # whole graph chunks (see _sinkhorn_graphs)
+                    block = GRAPH_CHUNK * -(-(block - 1) // GRAPH_CHUNK) + 1
             prev_err = err
         if not final:  # warm start of the next stage: f = τ_s u is the dual variable
             u, v = u * _EPS_BASE, v * _EPS_BASE
