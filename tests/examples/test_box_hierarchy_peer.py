@@ -93,3 +93,27 @@ def test_train_peer_starts_from_our_boxes_and_learns(method):
     assert torch.isfinite(scores).all() and (scores <= 0).all()
     assert curve[-1][1] == best_f1_threshold(scores, val_labels).f1
     assert curve[-1][1] > f1_start + 0.2, (f1_start, curve)
+
+
+@pytest.mark.slow
+def test_main_with_peer_on_mammal(tmp_path):
+    """--peer box-embeddings through main: our runs and the peer's on the same mammal split,
+    each with a validation-F1 point per epoch."""
+    ex = _example()
+    from perturb.boxes.hierarchy import wordnet_dir
+    if not (wordnet_dir() / "data.noun").is_file():
+        pytest.skip("WordNet is not installed")
+    threads = torch.get_num_threads()
+    try:
+        r = ex.main(["--no-tree", "--no-reconstruction", "--gen-known", "closure",
+                     "--methods", "gumbel", "soft", "--peer", "box-embeddings", "--seeds", "1",
+                     "--epochs", "2", "--decay-epochs", "1", "--threads", "1", "--no-progress",
+                     "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    rows = {row["method"]: row for row in r["rows"]}
+    assert set(rows) == {"gumbel", "soft", "gumbel (box-embeddings)", "soft (box-embeddings)"}
+    for method, row in rows.items():
+        assert [e for e, _ in row["f1_curve"]] == [1, 2, 3, 4], method
+        assert 0.0 < row["f1"] <= 1.0 and 0.0 < row["val_f1"] <= 1.0, method
+        assert row["setting"] == "generalisation/mammal (closure-filtered)"
