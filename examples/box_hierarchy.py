@@ -381,7 +381,8 @@ def table(rows: list[dict]) -> str:
     lines = []
     for k in keys:
         rs = [r for r in rows if (r["setting"], r["dim"], r["method"]) == k]
-        lines.append((*k, *(mean_std([r[c] for r in rs], 4)
+        # the peer rows have no training-health record (nan): "-"
+        lines.append((*k, *(mean_std([r[c] for r in rs if not math.isnan(r[c])], 4)
                             for c in ("f1", "precision", "recall", "stalled", "zero_grad")),
                       rs[0].get("epochs", "-"), f"{statistics.mean(r['seconds'] for r in rs):.0f}",
                       len(rs)))
