@@ -16,6 +16,13 @@ center/offset parameterisation started from the same boxes. Per step:
 ``volume="exact"`` swaps in our exact Bessel log volume
 (:func:`perturb.boxes.volume`, ``approx=False``) to separate the cost of the volume from the
 cost of the loop.
+
+``box="soft"`` is box-embeddings' soft box instead: ``HardIntersection`` and ``SoftVolume``
+(softplus of the sides at temperature T, log scale). ``known`` (a
+:class:`perturb.boxes.losses.PairSet`) draws the negatives with the sampler of the protocol
+being compared (:func:`perturb.boxes.losses.sample_negatives`, never a known pair) instead of
+unfiltered; the learning experiment of ``examples/box_hierarchy.py --peer box-embeddings`` uses
+both, so that only the box model and the loop differ.
 """
 from __future__ import annotations
 
@@ -35,15 +42,20 @@ class PeerLoop:
         beta, volume_beta: Gumbel scales of the intersection and of the volume.
         batch_size, negatives: per step.
         lr: Adam's learning rate.
-        volume: "approx" (box-embeddings' ``BesselApproxVolume``) or "exact" (ours).
+        volume: "approx" (box-embeddings' ``BesselApproxVolume``) or "exact" (ours); Gumbel
+            boxes only.
         seed: the loop's generator.
+        box: "gumbel" or "soft" (``HardIntersection``, ``SoftVolume`` at ``temperature``).
+        temperature: softplus temperature of the soft box.
+        known: pairs never drawn as negatives (filtered sampler), or None (unfiltered).
     """
 
     def __init__(self, center: torch.Tensor, raw: torch.Tensor, positives: torch.Tensor, *,
                  beta: float, volume_beta: float, batch_size: int, negatives: int, lr: float,
-                 volume: str = "approx", seed: int = 0) -> None:
-        from box_embeddings.modules.intersection import GumbelIntersection
-        from box_embeddings.modules.volume import BesselApproxVolume
+                 volume: str = "approx", seed: int = 0, box: str = "gumbel",
+                 temperature: float = 1.0, known=None) -> None:
+        from box_embeddings.modules.intersection import GumbelIntersection, HardIntersection
+        from box_embeddings.modules.volume import BesselApproxVolume, SoftVolume
         from box_embeddings.parameterizations.box_tensor import BoxTensor
 
         self.box_tensor = BoxTensor
@@ -52,8 +64,14 @@ class PeerLoop:
         self.positives = positives
         self.n = center.shape[0]
         self.batch_size, self.k = batch_size, negatives
+        self.known = known
+        if box not in ("gumbel", "soft"):
+            raise ValueError(f"box must be 'gumbel' or 'soft', got {box!r}")
         self.intersect = GumbelIntersection(intersection_temperature=beta)
-        if volume == "approx":
+        if box == "soft":
+            self.intersect = HardIntersection()
+            self.log_volume = SoftVolume(log_scale=True, volume_temperature=temperature)
+        elif volume == "approx":
             self.log_volume = BesselApproxVolume(log_scale=True, volume_temperature=volume_beta,
                                                  intersection_temperature=beta)
         elif volume == "exact":
@@ -70,15 +88,20 @@ class PeerLoop:
             self.opt = torch.optim.Adam([self.center, self.raw], lr=lr)
         self.gen = torch.Generator().manual_seed(seed)
 
-    def loss(self, batch: torch.Tensor) -> torch.Tensor:
-        """The loss of one batch of positives and its fresh negatives."""
-        m = batch.shape[0]
+    def negatives(self, batch: torch.Tensor) -> torch.Tensor:
+        """``k`` negatives per positive of ``batch``: ``(m k, 2)``."""
+        if self.known is not None:
+            from perturb.boxes.losses import sample_negatives
+            return sample_negatives(batch, self.n, self.k, known=self.known,
+                                    generator=self.gen, strict=False).reshape(-1, 2)
         base = batch.repeat_interleave(self.k, dim=0)
         ent = torch.randint(self.n, (base.shape[0],), generator=self.gen)
         side = torch.randint(2, (base.shape[0],), generator=self.gen)
-        neg = torch.stack([torch.where(side == 0, ent, base[:, 0]),
-                           torch.where(side == 1, ent, base[:, 1])], dim=1)
-        pairs = torch.cat([batch, neg])
+        return torch.stack([torch.where(side == 0, ent, base[:, 0]),
+                            torch.where(side == 1, ent, base[:, 1])], dim=1)
+
+    def log_p(self, pairs: torch.Tensor) -> torch.Tensor:
+        """log P(child ⊆ parent) of ``(P, 2)`` (child, parent) ids, ≤ 0: ``(P,)``."""
         ids = torch.cat([pairs[:, 0], pairs[:, 1]])
         c = F.embedding(ids, self.center)
         h = F.softplus(F.embedding(ids, self.raw))
@@ -87,7 +110,17 @@ class PeerLoop:
         child = self.box_tensor.from_zZ(box.z[:p], box.Z[:p])
         parent = self.box_tensor.from_zZ(box.z[p:], box.Z[p:])
         log_inter = self.log_volume(self.intersect(parent, child))
-        log_p = (log_inter - self.log_volume(child)).clamp(max=0.0)
+        return (log_inter - self.log_volume(child)).clamp(max=0.0)
+
+    @torch.no_grad()
+    def score(self, pairs: torch.Tensor, chunk: int = 65536) -> torch.Tensor:
+        """:meth:`log_p` without gradients, in chunks (for evaluation)."""
+        return torch.cat([self.log_p(c) for c in pairs.split(chunk)])
+
+    def loss(self, batch: torch.Tensor) -> torch.Tensor:
+        """The loss of one batch of positives and its fresh negatives."""
+        m = batch.shape[0]
+        log_p = self.log_p(torch.cat([batch, self.negatives(batch)]))
         log1m = torch.log(-torch.expm1(log_p[m:].clamp(max=-1e-7)))
         return -log_p[:m].mean() - log1m.mean()
 

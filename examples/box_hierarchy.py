@@ -7,14 +7,19 @@ ordered pairs at the best threshold; then the same on the WordNet mammal closure
 
 Setting 2 (generalisation, WordNet mammal): train on the transitive reduction plus a fraction of
 the other closure edges, pick the threshold on validation pairs, report F1 on held-out closure
-pairs (10 corrupted negatives per positive, filtered against the full closure). The full noun
-hierarchy (82,115 synsets) only with --full-wordnet.
+pairs (10 corrupted negatives per positive, filtered against the full closure), with a
+validation-F1 point per epoch. The full noun hierarchy (82,115 synsets) only with
+--full-wordnet. ``--peer box-embeddings`` also trains the Gumbel and soft boxes of setting 2
+with the box-embeddings library in a plain Adam loop (bench/_box_peer.py) from the same start,
+on the same split and negatives, with the same lr phases and threshold selection.
 
 Outputs in --out: results.md (tables), results.json, f1_curves.png, zero_grad.png, stalled.png and
 boxes_2d.png (learned 2-D Gumbel boxes of a 15-node tree).
 
     python examples/box_hierarchy.py --quick
     python examples/box_hierarchy.py --epochs 60 --seeds 3 --out results/box_hierarchy
+    python examples/box_hierarchy.py --no-tree --no-reconstruction --gen-known closure \
+        --train-fraction 0 0.1 0.25 0.5 --peer box-embeddings --epochs 80 --decay-epochs 10
 """
 from __future__ import annotations
 
@@ -35,12 +40,15 @@ from _common import command_line, mean_std, md_table, parser, save_plot, session
 from _common import flush_denormals, write_results  # noqa: E402
 
 from perturb.boxes.hierarchy import (  # noqa: E402
+    HierarchyConfig,
     all_pairs_f1,
+    best_f1_threshold,
     balanced_tree,
     dasgupta_split,
     edge_index,
     evaluate,
     evaluate_split,
+    initial_model,
     split_hierarchy,
     train_hierarchy,
     train_hierarchy_distributed,
@@ -93,6 +101,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Gumbel intersection scale in setting 2 (chosen on validation F1)")
     p.add_argument("--gen-negatives", type=int, default=10,
                    help="negatives per positive in setting 2 (chosen on validation F1)")
+    p.add_argument("--no-reconstruction", action="store_true",
+                   help="skip the mammal reconstruction run (setting 1 on WordNet)")
+    p.add_argument("--peer", choices=("box-embeddings",), default=None,
+                   help="setting 2 on mammal also with the box-embeddings library in a plain "
+                        "Adam loop (gumbel and soft of --methods; same splits, negatives, "
+                        "starting boxes, lr schedule and threshold selection)")
+    p.add_argument("--no-ours", action="store_true",
+                   help="with --peer: skip our trainer's setting-2 runs")
     p.add_argument("--no-mammal", action="store_true",
                    help="skip the mammal runs (e.g. to run only --full-wordnet)")
     p.add_argument("--gen-volume-beta", type=float, default=1.0,
@@ -139,14 +155,20 @@ def box_model(method, hp, noise_scale):
     return dict(noise=None, temperature=hp["temperature"] if method == "soft" else None)
 
 
+def lr_phases(args, epochs) -> list[tuple[int, float]]:
+    """(epochs, lr) of each phase: `epochs` at --lr, then --decay-epochs at lr/5 and lr/25."""
+    phases = [(epochs, args.lr)]
+    if args.decay_epochs:
+        phases += [(args.decay_epochs, args.lr / 5), (args.decay_epochs, args.lr / 25)]
+    return phases
+
+
 def train_phased(graph, dim, method, args, epochs, negatives, seed, hp, eval_fn=None,
                  eval_every=0, train_edges=None, world_size=1, known_edges=None, tag=None):
     """train_hierarchy with the lr schedule: `epochs` at lr, then --decay-epochs at lr/5 and at
     lr/25 (on `world_size` DDP processes when > 1). Returns the model and the run's
     training-health record."""
-    phases = [(epochs, args.lr)]
-    if args.decay_epochs:
-        phases += [(args.decay_epochs, args.lr / 5), (args.decay_epochs, args.lr / 25)]
+    phases = lr_phases(args, epochs)
     model, zero, zero_curve, stalled_curve, f1_curve, done = None, [], [], [], [], 0
     for i, (ep, lr) in enumerate(phases):
         kw = dict(**box_model(method, hp, args.noise_scale), epochs=ep, lr=lr, negatives_per_positive=negatives, batch_size=args.batch_size,
@@ -240,25 +262,91 @@ def run_generalisation(name, graph, dim, args, epochs, negatives, log, world_siz
             train_graph = graph.edge_subgraph(
                 [(split.nodes[c], split.nodes[p]) for c, p in split.train.tolist()])
             known_edges["closure"] = edge_index(graph, transitive_closure(train_graph).edges)
-        for known, method in itertools.product(protocols, args.methods):
+        eval_every = args.eval_every or 1
+
+        def val_f1(m, vp=val_pairs, vl=val_labels):
+            return {"f1": evaluate(m, vp, vl).f1}
+        setting_of = {k: (f"generalisation/{name}"
+                          + ("" if k == "train" else " (closure-filtered)")
+                          + (f" (train + {fraction:.0%})" if len(args.train_fraction) > 1
+                             else "")) for k in protocols}
+        for known, method in itertools.product(protocols, [] if args.no_ours else args.methods):
             t0 = time.perf_counter()
             model, health = train_phased(graph, dim, method, args, epochs, negatives, seed, hp,
+                                         eval_fn=val_f1, eval_every=eval_every,
                                          train_edges=split.train, world_size=world_size,
                                          known_edges=known_edges[known])
             val = evaluate(model, val_pairs, val_labels)
             test = evaluate(model, test_pairs, test_labels, val.threshold)
-            setting = (f"generalisation/{name}"
-                       + ("" if known == "train" else " (closure-filtered)")
-                       + (f" (train + {fraction:.0%})" if len(args.train_fraction) > 1 else ""))
-            rows.append(dict(setting=setting, dim=dim, method=method, seed=seed,
+            rows.append(dict(setting=setting_of[known], dim=dim, method=method, seed=seed,
                              f1=test.f1, precision=test.precision, recall=test.recall,
-                             val_f1=val.f1, **{**health, "f1_curve": []},
-                             seconds=time.perf_counter() - t0))
+                             val_f1=val.f1, **health, seconds=time.perf_counter() - t0))
             log(f"[{name} generalisation, negatives not in {known}] d={dim} {method:6s} "
                 f"seed={seed}: test F1={test.f1:.4f} (val F1={val.f1:.4f}) train edges="
                 f"{split.train.shape[0]} stalled={rows[-1]['stalled']:.3f} "
                 f"{rows[-1]['seconds']:.0f}s")
+        peer_methods = [m for m in args.methods if m in ("gumbel", "soft")] if args.peer else []
+        for known, method in itertools.product(protocols, peer_methods):
+            t0 = time.perf_counter()
+            loop, curve = train_peer(graph, dim, method, args, epochs, negatives, seed, hp,
+                                     split.train, known_edges[known], val_pairs, val_labels,
+                                     eval_every)
+            val = best_f1_threshold(loop.score(val_pairs), val_labels)
+            test = f1_at(loop.score(test_pairs), test_labels, val.threshold)
+            rows.append(dict(setting=setting_of[known], dim=dim, method=f"{method} ({args.peer})",
+                             seed=seed, f1=test.f1, precision=test.precision,
+                             recall=test.recall, val_f1=val.f1, epochs=curve[-1][0] if curve
+                             else 0, f1_curve=curve, stalled=math.nan, zero_grad=math.nan,
+                             seconds=time.perf_counter() - t0))
+            log(f"[{name} generalisation, negatives not in {known}] d={dim} {method} "
+                f"({args.peer}) seed={seed}: test F1={test.f1:.4f} (val F1={val.f1:.4f}) "
+                f"{rows[-1]['seconds']:.0f}s")
     return rows
+
+
+def train_peer(graph, dim, method, args, epochs, negatives, seed, hp, train_edges, known_edges,
+               val_pairs, val_labels, eval_every):
+    """The same run as :func:`train_phased` written with the box-embeddings library
+    (``bench._box_peer.PeerLoop``: its ``BoxTensor``, Gumbel or hard intersection, Bessel-approx
+    or soft volume, in a plain Adam loop): the same starting boxes (our initial model for
+    `seed`), positives, negatives per positive drawn by the same filtered sampler, batch size
+    and lr phases (a new Adam per phase, as ours). Returns the last loop and the validation-F1
+    curve ``[(epoch, F1)]``."""
+    from bench._box_peer import PeerLoop
+
+    n = graph.number_of_nodes()
+    cfg = HierarchyConfig(**box_model(method, hp, args.noise_scale), dim=dim,
+                          initializer=args.initializer)
+    start = initial_model(n, list(graph.nodes), cfg, train_edges,
+                          torch.Generator().manual_seed(seed))
+    if cfg.parameterisation != "center_offset":
+        raise ValueError("the peer loop needs the center_offset parameterisation")
+    center, raw = start.embedding.param1, start.embedding.param2
+    known = PairSet(train_edges if known_edges is None else known_edges, n, include_self=True)
+    curve: list[tuple[int, float]] = []
+    done, loop = 0, None
+    for i, (ep, lr) in enumerate(lr_phases(args, epochs)):
+        loop = PeerLoop(center, raw, train_edges, beta=hp["beta"],
+                        volume_beta=hp["volume_beta"], batch_size=args.batch_size,
+                        negatives=negatives, lr=lr, seed=seed + 1000 * i, box=method,
+                        temperature=hp["temperature"], known=known)
+        every = min(eval_every, ep)                   # as train_phased: per phase
+        for e in range(ep):
+            loop.run_epoch()
+            done += 1
+            if every and ((e + 1) % every == 0 or e + 1 == ep):
+                curve.append((done, best_f1_threshold(loop.score(val_pairs), val_labels).f1))
+        center, raw = loop.center, loop.raw
+    return loop, curve
+
+
+def f1_at(scores, labels, threshold):
+    """Precision, recall and F1 of ``scores >= threshold`` (an EvalResult-like namespace)."""
+    pred, lab = scores >= threshold, labels.bool()
+    tp, npred, npos = int((pred & lab).sum()), int(pred.sum()), int(lab.sum())
+    return argparse.Namespace(precision=tp / npred if npred else 0.0,
+                              recall=tp / npos if npos else 0.0,
+                              f1=2 * tp / (npred + npos) if npred + npos else 0.0)
 
 
 def run_dasgupta(name, graph, dim, args, epochs, negatives, log, world_size, seed, fraction
@@ -293,7 +381,8 @@ def table(rows: list[dict]) -> str:
     lines = []
     for k in keys:
         rs = [r for r in rows if (r["setting"], r["dim"], r["method"]) == k]
-        lines.append((*k, *(mean_std([r[c] for r in rs], 4)
+        # the peer rows have no training-health record (nan): "-"
+        lines.append((*k, *(mean_std([r[c] for r in rs if not math.isnan(r[c])], 4)
                             for c in ("f1", "precision", "recall", "stalled", "zero_grad")),
                       rs[0].get("epochs", "-"), f"{statistics.mean(r['seconds'] for r in rs):.0f}",
                       len(rs)))
@@ -308,7 +397,7 @@ def plot_curves(rows: list[dict], path_f1: pathlib.Path, path_zero: pathlib.Path
     groups = sorted({(r["setting"], r["dim"]) for r in recon})
     colors = {"gumbel": "tab:blue", "soft": "tab:orange", "hard": "tab:red",
               "normal": "tab:green", "logistic": "tab:purple"}
-    ylabels = {"f1_curve": "F1 (all pairs, best threshold)",
+    ylabels = {"f1_curve": "F1 (reconstruction: all pairs; generalisation: validation)",
                "zero_grad_curve": "fraction of zero gradient entries",
                "stalled_curve": "stalled / violated pairs"}
     for path, key in ((path_f1, "f1_curve"), (path_zero, "zero_grad_curve"),
@@ -320,11 +409,13 @@ def plot_curves(rows: list[dict], path_f1: pathlib.Path, path_zero: pathlib.Path
                 for r in recon:
                     if (r["setting"], r["dim"]) != (setting, dim):
                         continue
-                    if key == "f1_curve":
-                        xs, ys = zip(*r[key])
-                    else:
-                        xs, ys = range(1, len(r[key]) + 1), r[key]
-                    ax.plot(xs, ys, color=colors[r["method"]], alpha=0.8,
+                    pts = r.get(key) or []
+                    if not pts:
+                        continue
+                    xs, ys = zip(*pts) if key == "f1_curve" else (range(1, len(pts) + 1), pts)
+                    base = r["method"].split(" ")[0]
+                    ax.plot(xs, ys, color=colors[base], alpha=0.8,
+                            ls="--" if base != r["method"] else "-",
                             label=r["method"] if r["seed"] == rows[0]["seed"] else None)
                 ax.set_title(f"{setting.split('/')[1]}, d={dim}", fontsize=9)
                 ax.set_xlabel("epoch")
@@ -409,8 +500,9 @@ def _run(args, out, cmd: str) -> dict:
             mammal = wordnet_noun_hierarchy(root="mammal.n.01")
             log(f"WordNet mammal: {mammal.number_of_nodes()} synsets, "
                 f"{transitive_closure(mammal).number_of_edges()} closure edges")
-            rows += run_reconstruction("mammal", mammal, [args.wordnet_dim], args, wn_epochs,
-                                       wn_neg, log)
+            if not args.no_reconstruction:
+                rows += run_reconstruction("mammal", mammal, [args.wordnet_dim], args,
+                                           wn_epochs, wn_neg, log)
             log(f"setting 2: train fraction {args.train_fraction}, {args.gen_negatives} "
                 f"negatives, beta={args.gen_beta}, volume_beta={args.gen_volume_beta}, "
                 f"T={args.gen_temperature}")

@@ -1,0 +1,51 @@
+"""Validation-F1 curves of examples/box_hierarchy.py's generalisation runs, one seed per model,
+one panel per results.json (the figure of docs/box_hierarchy.md, "Random starts").
+
+    python examples/_plot_box_curves.py OUT.png "TITLE=results.json" ... [--seed 0]
+        [--setting "closure-filtered) (train + 25%)"]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+COLORS = {"gumbel": "tab:blue", "soft": "tab:orange", "hard": "tab:red", "normal": "tab:green",
+          "logistic": "tab:purple"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out")
+    p.add_argument("panels", nargs="+", help="TITLE=path/to/results.json")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--setting", default="", help="substring of the rows' setting")
+    p.add_argument("--ymin", type=float, default=0.0)
+    args = p.parse_args(argv)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(args.panels), figsize=(4.6 * len(args.panels), 3.4),
+                             squeeze=False)
+    for ax, panel in zip(axes[0], args.panels):
+        title, path = panel.split("=", 1)
+        data = json.load(open(path))
+        for r in data["rows"] if isinstance(data, dict) else data:
+            if r["seed"] != args.seed or args.setting not in r["setting"] or not r["f1_curve"]:
+                continue
+            xs, ys = zip(*r["f1_curve"])
+            base = r["method"].split(" ")[0]
+            ax.plot(xs, ys, color=COLORS.get(base, "k"), lw=1.2,
+                    ls="-" if base == r["method"] else "--", label=r["method"])
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("validation F1")
+        ax.set_ylim(args.ymin, 1.0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=80)
+
+
+if __name__ == "__main__":
+    main()
