@@ -36,6 +36,8 @@ class StructureSpec:
         n_hypothesis: largest ``n`` hypothesis draws in the extremes tests.
         n_large: ``n`` of the explicit large example in the extremes tests.
         repro: instance and event shape for the reproducibility tests.
+        half: instance with default (float32) solver settings and event shape for the
+            half-precision tests.
     """
 
     example: Callable[[], tuple[Structure, tuple[int, ...]]]
@@ -44,6 +46,7 @@ class StructureSpec:
     n_hypothesis: int
     n_large: int
     repro: Callable[[], tuple[Structure, tuple[int, ...]]]
+    half: Callable[[], tuple[Structure, tuple[int, ...]]]
 
 
 def _marginals(n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,14 +67,17 @@ def _mat(n: int) -> tuple[int, ...]:
 SPECS: dict[str, StructureSpec] = {
     "Simplex": StructureSpec(
         example=lambda: (Simplex(), (5,)), make=lambda n: Simplex(), event=_vec,
-        n_hypothesis=20, n_large=1000, repro=lambda: (Simplex(), (6,))),
+        n_hypothesis=20, n_large=1000, repro=lambda: (Simplex(), (6,)),
+        half=lambda: (Simplex(), (10,))),
     "KSubset": StructureSpec(
         example=lambda: (KSubset(2), (5,)), make=lambda n: KSubset(max(1, n // 3)), event=_vec,
-        n_hypothesis=20, n_large=1000, repro=lambda: (KSubset(2), (6,))),
+        n_hypothesis=20, n_large=1000, repro=lambda: (KSubset(2), (6,)),
+        half=lambda: (KSubset(3), (10,))),
     "Permutations": StructureSpec(
         example=lambda: (Permutations(n_iters=1000, tol=1e-12), (4, 4)),
         make=lambda n: Permutations(), event=_mat, n_hypothesis=12, n_large=1000,
-        repro=lambda: (Permutations(), (5, 5))),
+        repro=lambda: (Permutations(), (5, 5)),
+        half=lambda: (Permutations(), (6, 6))),
     # n x (n + 1) plans with unequal masses (see _marginals)
     "Transport": StructureSpec(
         example=lambda: (Transport(torch.tensor([0.3, 0.3, 0.4], dtype=torch.float64),
@@ -80,18 +86,23 @@ SPECS: dict[str, StructureSpec] = {
         make=lambda n: Transport(*_marginals(n)), event=lambda n: (n, n + 1),
         n_hypothesis=12, n_large=300,
         repro=lambda: (Transport(torch.full((5,), 0.2, dtype=torch.float64),
-                                 torch.full((6,), 1 / 6, dtype=torch.float64)), (5, 6))),
+                                 torch.full((6,), 1 / 6, dtype=torch.float64)), (5, 6)),
+        half=lambda: (Transport(torch.tensor([0.1, 0.2, 0.3, 0.2, 0.2]),
+                                torch.tensor([0.4, 0.3, 0.2, 0.1])), (5, 4))),
     "SpanningTrees": StructureSpec(
         example=lambda: (SpanningTrees(), (4, 4)), make=lambda n: SpanningTrees(), event=_mat,
-        n_hypothesis=12, n_large=200, repro=lambda: (SpanningTrees(), (5, 5))),
+        n_hypothesis=12, n_large=200, repro=lambda: (SpanningTrees(), (5, 5)),
+        half=lambda: (SpanningTrees(), (6, 6))),
     "Arborescences": StructureSpec(
         example=lambda: (Arborescences(), (4, 4)), make=lambda n: Arborescences(n // 2),
-        event=_mat, n_hypothesis=12, n_large=200, repro=lambda: (Arborescences(0), (5, 5))),
+        event=_mat, n_hypothesis=12, n_large=200, repro=lambda: (Arborescences(0), (5, 5)),
+        half=lambda: (Arborescences(0), (6, 6))),
     # n is the number of items d: scores of size 2d − 1; the example has d = 4 items, 3 pairs
     "CorrelatedKSubset": StructureSpec(
         example=lambda: (CorrelatedKSubset(2), (7,)),
         make=lambda n: CorrelatedKSubset(max(1, n // 3)), event=lambda n: (2 * n - 1,),
-        n_hypothesis=20, n_large=1000, repro=lambda: (CorrelatedKSubset(2), (7,))),
+        n_hypothesis=20, n_large=1000, repro=lambda: (CorrelatedKSubset(2), (7,)),
+        half=lambda: (CorrelatedKSubset(2), (9,))),        # event 2d − 1 = 9: d = 5 items
 }
 
 
