@@ -1,6 +1,14 @@
 """Shared fixtures: seeded randomness so every random test is reproducible."""
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+# --import-mode=importlib does not put tests/ on sys.path: the shared test helpers
+# (tests/_specs.py: one test spec per structure) are imported by module name
+if str(Path(__file__).parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(autouse=True)

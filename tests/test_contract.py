@@ -16,29 +16,10 @@ import torch
 import perturb
 from perturb import registered_pairs, regularized_argmax
 from perturb import regularizers as regs
-from perturb.structured import (
-    Arborescences,
-    CorrelatedKSubset,
-    KSubset,
-    Permutations,
-    SpanningTrees,
-    Transport,
-)
-from perturb.structures import Simplex
+from _specs import SPECS
 
-#: one small example per structure type: the instance and the event shape of its scores.
-#: Sinkhorn runs to a tight tolerance so finite differences of it are meaningful.
-EXAMPLES = {
-    "Simplex": lambda: (Simplex(), (5,)),
-    "KSubset": lambda: (KSubset(2), (5,)),
-    "Permutations": lambda: (Permutations(n_iters=1000, tol=1e-12), (4, 4)),
-    "Transport": lambda: (Transport(torch.tensor([0.3, 0.3, 0.4], dtype=torch.float64),
-                                    torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64),
-                                    n_iters=1000, tol=1e-12), (3, 4)),
-    "SpanningTrees": lambda: (SpanningTrees(), (4, 4)),
-    "Arborescences": lambda: (Arborescences(), (4, 4)),
-    "CorrelatedKSubset": lambda: (CorrelatedKSubset(2), (7,)),    # d = 4 items, 3 pairs
-}
+#: one small example per structure type, from the one spec per structure in tests/_specs.py
+EXAMPLES = {name: sp.example for name, sp in SPECS.items()}
 TAU = 0.7
 PAIRS = registered_pairs()
 SUPPORTED = [p for p in PAIRS if p.supported]
@@ -51,8 +32,8 @@ def _ids(pairs):
 
 def _example(name):
     if name not in EXAMPLES:
-        pytest.fail(f"no example input for structure {name!r}: add one to EXAMPLES in "
-                    f"tests/test_contract.py")
+        pytest.fail(f"no example input for structure {name!r}: add one to SPECS in "
+                    f"tests/_specs.py")
     return EXAMPLES[name]()
 
 

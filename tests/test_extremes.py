@@ -3,8 +3,8 @@
 Hypothesis draws the scores (Gaussian ×1e4, or exact ties: ±1e4 and 0 only), the size (up to
 1000 for permutations, 200 for trees, through explicit examples) and the dtype; for every
 supported pair of :func:`perturb.registered_pairs` (a pair registered later is covered, and
-fails until its structure has an entry in CASES) the relaxed output and the gradient of a linear
-loss must be finite and the output must satisfy its structure's linear constraints:
+fails until its structure has a spec in tests/_specs.py) the relaxed output and the gradient of
+a linear loss must be finite and the output must satisfy its structure's linear constraints:
 
 - Simplex: entries in [0, 1], rows sum to 1;
 - KSubset(k): entries in [0, 1], rows sum to k;
@@ -46,37 +46,19 @@ from perturb.structured import (
 from perturb.structured.permutations._sinkhorn import sinkhorn_iterate
 from perturb.structures import Simplex
 
+from _specs import SPECS
+
 SUPPORTED = [p for p in registered_pairs() if p.supported]
 HERE = "tests/test_extremes.py"
 SCALE, TAU = 1e4, 1e-3
 
-#: structure -> (hypothesis' largest n, the large n of the explicit example, make(n))
-CASES = {
-    "Simplex": (20, 1000, lambda n: Simplex()),
-    "KSubset": (20, 1000, lambda n: KSubset(max(1, n // 3))),
-    "Permutations": (12, 1000, lambda n: Permutations()),
-    # n x (n + 1) plans with unequal masses (see _marginals)
-    "Transport": (12, 300, lambda n: Transport(*_marginals(n))),
-    "SpanningTrees": (12, 200, lambda n: SpanningTrees()),
-    "Arborescences": (12, 200, lambda n: Arborescences(n // 2)),
-    # n is the number of items d: scores of size 2d − 1 (see _event)
-    "CorrelatedKSubset": (20, 1000, lambda n: CorrelatedKSubset(max(1, n // 3))),
-}
-
-
-def _marginals(n):
-    """Row masses 1, 2, 3, 1, 2, ... and n + 1 equal column masses with the same total."""
-    a = (torch.arange(n, dtype=torch.float64) % 3 + 1)
-    b = torch.full((n + 1,), float(a.sum()) / (n + 1), dtype=torch.float64)
-    return a, b
+#: structure -> (hypothesis' largest n, the large n of the explicit example, make(n)),
+#: read from the one spec per structure in tests/_specs.py
+CASES = {name: (sp.n_hypothesis, sp.n_large, sp.make) for name, sp in SPECS.items()}
 
 
 def _event(structure, n):
-    if isinstance(structure, CorrelatedKSubset):
-        return (2 * n - 1,)
-    if isinstance(structure, Transport):
-        return (n, n + 1)
-    return (n,) if structure.event_dim == 1 else (n, n)
+    return SPECS[type(structure).__name__].event(n)
 
 
 def _ids(pairs):
@@ -162,8 +144,8 @@ def _check_constraints(structure, w, y, warned):
 
 def _run(pair, n, dtype, kind, seed, batch=2):
     if pair.structure not in CASES:
-        pytest.fail(f"no extreme-input case for structure {pair.structure!r}: add one to CASES "
-                    f"in {HERE}")
+        pytest.fail(f"no extreme-input case for structure {pair.structure!r}: add one to SPECS "
+                    f"in tests/_specs.py")
     structure = CASES[pair.structure][2](n)
     event = _event(structure, n)
     w = _scores(event, dtype, kind, seed, batch).requires_grad_()

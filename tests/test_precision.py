@@ -1,13 +1,13 @@
 """The precision policy (perturb/_precision.py): float16 / bfloat16 in, the same dtype out.
 
 Every supported pair of the registry (a pair registered later is picked up and fails until it
-has a case in CASES) is run on half-precision scores, relaxed and hard, forward and backward,
-and inside a CPU autocast region with scores from a Linear layer; box volumes likewise. The
-reference is the float32 computation on the *same* (exactly upcast) inputs, so the only error
-allowed is the rounding of the output to the half dtype: |y − y32| ≤ 2 ε_half · max(1, |y32|)
-(ε the dtype's machine epsilon, two roundings: the result and, for composite paths, one
-intermediate). Gradients must be finite, in the input's dtype, and equal to the float32
-gradient to 4 ε_half relative to its largest entry.
+has a spec in tests/_specs.py) is run on half-precision scores, relaxed and hard, forward and
+backward, and inside a CPU autocast region with scores from a Linear layer; box volumes
+likewise. The reference is the float32 computation on the *same* (exactly upcast) inputs, so the
+only error allowed is the rounding of the output to the half dtype:
+|y − y32| ≤ 2 ε_half · max(1, |y32|) (ε the dtype's machine epsilon, two roundings: the result
+and, for composite paths, one intermediate). Gradients must be finite, in the input's dtype,
+and equal to the float32 gradient to 4 ε_half relative to its largest entry.
 """
 from __future__ import annotations
 
@@ -20,32 +20,18 @@ import perturb
 from perturb import boxes, regularized_argmax, registered_pairs, relax
 from perturb import regularizers as regs
 from perturb._precision import LOW_PRECISION, full_precision, upcast, working_dtype
-from perturb.structured import (
-    Arborescences,
-    CorrelatedKSubset,
-    KSubset,
-    Permutations,
-    Transport,
-    SinkhornConvergenceWarning,
-    SpanningTrees,
-)
+from perturb.structured import SinkhornConvergenceWarning, Transport
 from perturb.structures import Simplex
+
+from _specs import SPECS
 
 SUPPORTED = [p for p in registered_pairs() if p.supported]
 HALF = [torch.bfloat16, torch.float16]
 HERE = "tests/test_precision.py"
 
-#: structure name -> (event size n, structure with default solver settings)
-CASES = {
-    "Simplex": (10, Simplex()),
-    "KSubset": (10, KSubset(3)),
-    "Permutations": (6, Permutations()),
-    "Transport": (5, Transport(torch.tensor([0.1, 0.2, 0.3, 0.2, 0.2]),      # 5 x 4 plans
-                               torch.tensor([0.4, 0.3, 0.2, 0.1]))),
-    "SpanningTrees": (6, SpanningTrees()),
-    "Arborescences": (6, Arborescences(0)),
-    "CorrelatedKSubset": (9, CorrelatedKSubset(2)),        # event 2d − 1 = 9: d = 5 items
-}
+#: structure name -> (structure with default solver settings, event shape), from
+#: tests/_specs.py
+CASES = {name: sp.half for name, sp in SPECS.items()}
 
 
 def _ids(pairs):
@@ -54,12 +40,9 @@ def _ids(pairs):
 
 def _case(pair):
     if pair.structure not in CASES:
-        pytest.fail(f"no precision case for structure {pair.structure!r}: add one to CASES in "
-                    f"{HERE}")
-    n, structure = CASES[pair.structure]
-    event = (n,) if structure.event_dim == 1 else (n, n)
-    if isinstance(structure, Transport):
-        event = structure.sizes
+        pytest.fail(f"no precision case for structure {pair.structure!r}: add a spec to SPECS "
+                    f"in tests/_specs.py")
+    structure, event = CASES[pair.structure]()
     return structure, getattr(regs, pair.regularizer)(), event
 
 

@@ -21,16 +21,10 @@ import torch
 
 import perturb
 from perturb import registered_pairs, regularizers as regs
-from perturb.structured import (
-    Arborescences,
-    CorrelatedKSubset,
-    KSubset,
-    Permutations,
-    Transport,
-    SinkhornConvergenceWarning,
-    SpanningTrees,
-)
+from perturb.structured import KSubset, SinkhornConvergenceWarning, SpanningTrees
 from perturb.structures import Simplex
+
+from _specs import SPECS
 
 MODULES = ["perturb", "perturb.structured", "perturb.boxes", "perturb.boxes.datasets",
            "perturb.boxes.hierarchy", "perturb.boxes.distributed", "perturb.boxes.losses",
@@ -325,14 +319,8 @@ def test_same_generator_state_same_bits(name):
     assert any(not torch.equal(a, b) for a, b in zip(first, other)), f"{name}: seed ignored"
 
 
-STRUCTURES = {
-    "Simplex": (Simplex(), (6,)), "KSubset": (KSubset(2), (6,)),
-    "Permutations": (Permutations(), (5, 5)), "SpanningTrees": (SpanningTrees(), (5, 5)),
-    "Arborescences": (Arborescences(0), (5, 5)),
-    "CorrelatedKSubset": (CorrelatedKSubset(2), (7,)),
-    "Transport": (Transport(torch.full((5,), 0.2, dtype=torch.float64),
-                            torch.full((6,), 1 / 6, dtype=torch.float64)), (5, 6)),
-}
+#: instance and event shape per structure, from tests/_specs.py
+STRUCTURES = {name: sp.repro() for name, sp in SPECS.items()}
 PAIRS = [p for p in registered_pairs() if p.supported]
 
 
@@ -340,7 +328,8 @@ PAIRS = [p for p in registered_pairs() if p.supported]
 @pytest.mark.parametrize("pair", PAIRS, ids=[f"{p.structure}-{p.regularizer}" for p in PAIRS])
 def test_relax_every_pair_same_bits(pair, hard):
     if pair.structure not in STRUCTURES:
-        pytest.fail(f"no case for structure {pair.structure!r} in {HERE}")
+        pytest.fail(f"no case for structure {pair.structure!r}: add a spec to SPECS in "
+                    f"tests/_specs.py")
     structure, event = STRUCTURES[pair.structure]
     theta = torch.randn(2, *event, generator=_gen(5), dtype=torch.float64)
     reg = getattr(regs, pair.regularizer)()
