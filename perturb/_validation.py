@@ -89,8 +89,10 @@ def reads_stall(t: torch.Tensor) -> bool:
 
 
 def unreadable(t: torch.Tensor) -> bool:
-    """Inside a ``torch.func`` transform (vmap, grad, jacrev): values cannot be read, so value
-    checks are skipped there (the structural checks still run)."""
+    """Inside a ``torch.func`` transform (vmap, grad, jacrev), or a meta tensor: values cannot
+    be read, so value checks are skipped there (the structural checks still run)."""
+    if t.device.type == "meta":     # shape and dtype only (a caller's structural-only check)
+        return True
     if compiling_now():  # dynamo traces through functorch itself; no wrapped tensors reach here
         return False
     return torch._C._functorch.is_functorch_wrapped_tensor(t)

@@ -152,3 +152,60 @@ def test_every_path_in_the_architecture_exists():
 def test_every_module_has_a_layer():
     for module in MODULES:
         layer(module)
+
+
+# -- no internal flipping of the process-wide switches (issue 27) -----------------------------
+
+#: where the switches are defined (their own spellings)
+_SWITCH_HOMES = {"perturb._settings", "perturb._validation", "perturb._fused"}
+_SWITCHES = {"set_validation", "settings", "set_compiled"}
+
+
+def _switch_calls(tree: ast.AST) -> list[int]:
+    """Lines of calls to ``set_validation``/``settings``/``set_compiled`` (any spelling)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) \
+                else None
+            if name in _SWITCHES:
+                lines.append(node.lineno)
+    return lines
+
+
+@pytest.mark.parametrize("module", sorted(set(MODULES) - _SWITCH_HOMES))
+def test_library_code_never_flips_a_switch(module):
+    """Per-call arguments instead of switching process-wide state as plumbing."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    assert _switch_calls(tree) == [], f"{module} calls a process-wide switch"
+
+
+def test_the_switch_rule_catches_a_violation():
+    tree = ast.parse("import perturb\nwith perturb.set_validation(False):\n    pass\n")
+    assert _switch_calls(tree) == [2]
+
+
+def test_gibbs_and_training_run_without_switching(monkeypatch):
+    """Patched setters: the Gibbs sampler and one training epoch never enter them."""
+    import networkx as nx
+    import torch
+
+    import perturb._settings as settings_module
+    from perturb.boxes.hierarchy import HierarchyConfig, train_hierarchy
+    from perturb.distributions import ArborescenceDistribution, SpanningTreeDistribution
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("library code switched a process-wide setting")
+
+    monkeypatch.setattr(settings_module.Switch, "__init__", refuse)
+    monkeypatch.setattr(settings_module.settings, "__init__", refuse)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(3, 5, 5, generator=g)
+    for validate in (True, False):
+        SpanningTreeDistribution(w, validate_args=validate).sample((2,), generator=g)
+        ArborescenceDistribution(w, validate_args=validate).sample((2,), generator=g)
+    tree = nx.balanced_tree(2, 3, create_using=nx.DiGraph)
+    tree = nx.DiGraph([(v, u) for u, v in tree.edges()])
+    train_hierarchy(tree, HierarchyConfig(dim=4, epochs=1, batch_size=4), progress=False,
+                    generator=torch.Generator().manual_seed(0))

@@ -136,6 +136,11 @@ class Box:
         """
         _check_corner(center, "center")
         _check_corner(offset, "offset")
+        return cls._center_offset(center, offset)
+
+    @classmethod
+    def _center_offset(cls, center: torch.Tensor, offset: torch.Tensor) -> "Box":
+        """:meth:`from_center_offset` for checked tensors (structural checks only)."""
         return cls._from_checked(center - offset, center + offset)
 
     @classmethod
@@ -152,6 +157,12 @@ class Box:
         _check_corner(min, "min")
         _check_corner(delta, "delta")
         check_tau(softplus_beta, "softplus_beta")
+        return cls._min_delta(min, delta, softplus_beta)
+
+    @classmethod
+    def _min_delta(cls, min: torch.Tensor, delta: torch.Tensor,
+                   softplus_beta: float = 1.0) -> "Box":
+        """:meth:`from_min_delta` for checked tensors (structural checks only)."""
         return cls._from_checked(min, min + F.softplus(delta, beta=softplus_beta))
 
     @classmethod
@@ -168,6 +179,11 @@ class Box:
         """
         _check_corner(min_logit, "min_logit")
         _check_corner(delta_logit, "delta_logit")
+        return cls._sigmoid(min_logit, delta_logit)
+
+    @classmethod
+    def _sigmoid(cls, min_logit: torch.Tensor, delta_logit: torch.Tensor) -> "Box":
+        """:meth:`from_sigmoid` for checked tensors (structural checks only)."""
         lower = torch.sigmoid(min_logit)
         return cls._from_checked(lower, lower + torch.sigmoid(delta_logit) * (1.0 - lower))
 

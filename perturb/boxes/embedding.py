@@ -205,12 +205,15 @@ class BoxEmbedding(nn.Module):
         frac = side / (1.0 - lower)
         return torch.logit(lower), torch.logit(frac)
 
-    def _make_box(self, p1: torch.Tensor, p2: torch.Tensor) -> Box:
+    def _make_box(self, p1: torch.Tensor, p2: torch.Tensor, validate: bool = True) -> Box:
+        """The boxes of parameter rows ``p1``, ``p2``; ``validate=False`` skips the NaN pass
+        over them (a caller that checks its tensors itself, such as the hierarchy trainer)."""
         if self.parameterisation == "center_offset":
-            return Box.from_center_offset(p1, F.softplus(p2))
+            make = Box.from_center_offset if validate else Box._center_offset
+            return make(p1, F.softplus(p2))
         if self.parameterisation == "min_delta":
-            return Box.from_min_delta(p1, p2)
-        return Box.from_sigmoid(p1, p2)
+            return (Box.from_min_delta if validate else Box._min_delta)(p1, p2)
+        return (Box.from_sigmoid if validate else Box._sigmoid)(p1, p2)
 
     def forward(self, ids: torch.Tensor) -> Box:
         """The boxes of ``ids`` (any shape ``(*batch,)``), as a Box ``(*batch, dim)``."""
@@ -231,6 +234,10 @@ class BoxEmbedding(nn.Module):
     def all_boxes(self) -> Box:
         """Every entity's box, shape ``(num_entities, dim)``."""
         return self._make_box(self.param1, self.param2)
+
+    def _all_boxes(self, validate: bool) -> Box:
+        """:meth:`all_boxes`, without the NaN pass over the parameters unless ``validate``."""
+        return self._make_box(self.param1, self.param2, validate)
 
     @torch.no_grad()
     def set_boxes(self, box: Box) -> None:

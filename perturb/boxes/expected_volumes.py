@@ -112,9 +112,10 @@ def _log_sides(lo: torch.Tensor, up: torch.Tensor, noise: Noise) -> torch.Tensor
     bulk = None
     if bool(wide.any()):
         # E[min U] − E[max L], about a reference point so that far-away boxes keep their digits
+        # the noise's engine: these scores come from checked boxes (no second value check)
         c = left.unsqueeze(0)
-        e_max_l = noise.expected_max((lo - c).movedim(0, -1))
-        e_min_u = -noise.expected_max((c - up).movedim(0, -1))
+        e_max_l = noise._expected_max((lo - c).movedim(0, -1))
+        e_min_u = -noise._expected_max((c - up).movedim(0, -1))
         bulk = torch.log(torch.where(wide, e_min_u - e_max_l, torch.ones_like(left)))
         if bool(wide.all()):
             return bulk

@@ -373,6 +373,16 @@ def sample_negatives(pairs: torch.Tensor, num_entities: int, n_negatives: int = 
     elif known is not None:
         known = PairSet(_check_pair_tensor(known, num_entities, "known", batched=False),
                         num_entities, device=device)
+    return _sample_negatives(pairs, num_entities, n_negatives, corrupt, known, generator,
+                             max_tries, strict, mode)
+
+
+def _sample_negatives(pairs: torch.Tensor, num_entities: int, n_negatives: int, corrupt: str,
+                      known: PairSet | None, generator: torch.Generator | None,
+                      max_tries: int, strict: bool, mode: str) -> torch.Tensor:
+    """:func:`sample_negatives` for checked arguments: ``pairs`` a long tensor of ids in range,
+    ``known`` None or a PairSet over ``num_entities`` on the device of ``pairs``."""
+    device = pairs.device
     out_shape = (*pairs.shape[:-1], n_negatives, 2)
     base = pairs.unsqueeze(-2).expand(out_shape).reshape(-1, 2)
     draw_device = generator.device if generator is not None else device

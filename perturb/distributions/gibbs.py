@@ -42,7 +42,6 @@ from torch.distributions import Distribution
 from torch.distributions.utils import lazy_property
 
 from perturb._deprecation import renamed
-from perturb._validation import set_validation, validation_enabled
 from perturb.distributions.constraints import StructureSupport, log_potential
 from perturb.structures import Structure
 
@@ -85,9 +84,16 @@ def _scores_argument(fn: str, logits: torch.Tensor | None, old: str,
 
 def _validate_with(structure: Structure, theta: torch.Tensor, name: str, validate: bool) -> None:
     """``structure.validate(theta, name)``: its structural checks always, its value checks (NaN,
-    inf) only when ``validate`` and perturb's validation switch are both on."""
-    with set_validation(validate and validation_enabled()):
+    inf) only when ``validate`` and perturb's validation switch are both on.
+
+    With ``validate=False`` the structure validates a meta tensor of θ's shape and dtype: it
+    has no values, so the value checks have nothing to read and skip
+    (:func:`~perturb._validation.unreadable`), and no global switch is flipped.
+    """
+    if validate:
         structure.validate(theta, name)
+    else:
+        structure.validate(torch.empty(theta.shape, dtype=theta.dtype, device="meta"), name)
 
 
 def _masked_score(theta: torch.Tensor, z: torch.Tensor, allowed: torch.Tensor | None,

@@ -102,15 +102,16 @@ def select_backend(device: torch.device | str | None, backend: str | None = None
 
 
 class _Scorer(nn.Module):
-    """``forward(child, parent, n_pos) = model.score_pairs(...)``, so that DDP sees the call
+    """``forward(child, parent, n_pos, validate) = model.score_pairs(...)``, so that DDP sees the call
     (DDP hooks its gradient all-reduce on a forward through the wrapper)."""
 
     def __init__(self, model: BoxHierarchyModel) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, child: torch.Tensor, parent: torch.Tensor, n_pos: int) -> PairScores:
-        return self.model.score_pairs(child, parent, n_pos)
+    def forward(self, child: torch.Tensor, parent: torch.Tensor, n_pos: int,
+                validate: bool = True) -> PairScores:
+        return self.model.score_pairs(child, parent, n_pos, validate=validate)
 
 
 def _shard(pos: torch.Tensor, rank: int, world_size: int, seed: int) -> torch.Tensor:

@@ -147,20 +147,16 @@ class BoxHierarchyModel(nn.Module):
         """The boxes of ``ids``."""
         return self.embedding(ids)
 
-    def gather(self, ids: torch.Tensor) -> Box:
+    def gather(self, ids: torch.Tensor, *, validate: bool = True) -> Box:
         """The boxes of ``ids`` (``(k,)`` integer, not range-checked: the trainer checks its
         pairs once) by ``index_select`` on the parameters: the same boxes as
         :meth:`forward`, whose ``F.embedding`` backward builds the dense ``(num_nodes, dim)``
-        gradient about 3× slower on the CPU. Mirrors ``BoxEmbedding``'s parameterisations
-        (tested against it)."""
+        gradient about 3× slower on the CPU. ``validate=False`` skips the NaN pass over the
+        parameters that runs while perturb's validation is on (the trainer's steps)."""
         e = self.embedding
         ids = ids.to(device=e.param1.device, dtype=torch.long)
-        p1, p2 = e.param1.index_select(0, ids), e.param2.index_select(0, ids)
-        if e.parameterisation == "center_offset":
-            return Box.from_center_offset(p1, F.softplus(p2))
-        if e.parameterisation == "min_delta":
-            return Box.from_min_delta(p1, p2)
-        return Box.from_sigmoid(p1, p2)
+        return e._make_box(e.param1.index_select(0, ids), e.param2.index_select(0, ids),
+                           validate)
 
     @property
     def _gumbel_beta(self) -> float | None:
@@ -203,23 +199,25 @@ class BoxHierarchyModel(nn.Module):
         log_p, log1m = self.score_pairs(child, parent, 0)
         return log_p.reshape(shape), log1m.reshape(shape)
 
-    def score_pairs(self, child: torch.Tensor, parent: torch.Tensor, n_pos: int = 0
-                    ) -> PairScores:
+    def score_pairs(self, child: torch.Tensor, parent: torch.Tensor, n_pos: int = 0, *,
+                    validate: bool = True) -> PairScores:
         """Scores of the pairs ``(child[i], parent[i])`` whose first ``n_pos`` are positives:
         log P for all, log(1 − P) for the others (what the training loss needs).
 
         One embedding lookup for both ends. The child volumes are computed once per node when
         there are at least as many pairs as nodes, otherwise per pair, in the same call as the
-        intersection volumes. No host synchronisation of its own.
+        intersection volumes. No host synchronisation of its own. ``validate=False`` skips the
+        NaN pass over the parameters (:meth:`gather`).
         """
         n_pairs = child.shape[0]
-        box = self.gather(torch.cat([child, parent]))
+        box = self.gather(torch.cat([child, parent]), validate=validate)
         # split, not two slices: its backward is one cat, where each slice's backward fills a
         # zero tensor of the full size and the two are then added
         (lo_c, lo_p), (hi_c, hi_p) = box.lower.split(n_pairs), box.upper.split(n_pairs)
         cb, pb = Box._trusted(lo_c, hi_c), Box._trusted(lo_p, hi_p)
         if n_pairs >= self.num_nodes:
-            return self.score_boxes(pb, cb, n_pos, self.log_volume()[child.to(self.device)])
+            log_child = self.log_volume(validate=validate)[child.to(self.device)]
+            return self.score_boxes(pb, cb, n_pos, log_child)
         return self.score_boxes(pb, cb, n_pos)
 
     def score_boxes(self, parent: Box, child: Box, n_pos: int = 0,
@@ -238,8 +236,9 @@ class BoxHierarchyModel(nn.Module):
         beta = self._gumbel_beta
         inter = intersection(parent, child, beta)
         if log_child is None:
-            both = self._log_volume_box(Box(torch.cat([inter.lower, child.lower]),
-                                            torch.cat([inter.upper, child.upper])))
+            # corners of checked boxes and their intersection: no second NaN pass
+            both = self._log_volume_box(Box._trusted(torch.cat([inter.lower, child.lower]),
+                                                     torch.cat([inter.upper, child.upper])))
             log_inter, log_child = both.split(child.lower.shape[0])
         else:
             log_inter = self._log_volume_box(inter)
@@ -251,9 +250,14 @@ class BoxHierarchyModel(nn.Module):
                                    None if beta is None else (self.volume_beta or beta), False)
         return PairScores(log_p, log1m)
 
-    def log_volume(self, ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Log (expected) volume of the boxes of ``ids`` (all boxes when None)."""
-        return self._log_volume_box(self.embedding.all_boxes() if ids is None else self(ids))
+    def log_volume(self, ids: torch.Tensor | None = None, *, validate: bool = True
+                   ) -> torch.Tensor:
+        """Log (expected) volume of the boxes of ``ids`` (all boxes when None).
+        ``validate=False``: ``ids`` were checked by the caller, and the value checks (ids in
+        range, no NaN parameter) are skipped."""
+        if ids is None:
+            return self._log_volume_box(self.embedding._all_boxes(validate))
+        return self._log_volume_box(self(ids) if validate else self.gather(ids, validate=False))
 
     def _log_volume_box(self, box: Box) -> torch.Tensor:
         noise = self._quadrature_noise

@@ -49,7 +49,6 @@ from typing import Any, Callable, NamedTuple
 import networkx as nx
 import torch
 
-from perturb._validation import set_validation
 from perturb.boxes.box import Box
 from perturb.boxes.hierarchy.config import HierarchyConfig
 from perturb.boxes.hierarchy.evaluation import score_pairs
@@ -201,8 +200,8 @@ def pair_losses(scores: PairScores, n_pos: int, method: str
 
 
 def stalled_pairs(model: BoxHierarchyModel, pairs: torch.Tensor, n_pos: int,
-                  grad_tol: float = 1e-12, scores: PairScores | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  grad_tol: float = 1e-12, scores: PairScores | None = None, *,
+                  validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``(stalled, violated)`` counts (0-dim int64 tensors, not read back) of a batch of pairs
     whose first ``n_pos`` are positives.
 
@@ -212,19 +211,20 @@ def stalled_pairs(model: BoxHierarchyModel, pairs: torch.Tensor, n_pos: int,
     them (the local non-identifiability of Dasgupta et al.; disjoint or nested hard boxes have
     such pairs, Gumbel boxes none). One extra backward pass over the pairs, whose corners are
     detached per pair so that each gets its own gradient; parameter gradients are untouched.
+    ``validate=False`` skips the NaN pass over the parameters (the trainer's steps).
 
     Shape:
         ``pairs``: ``(P, 2)`` ids on the model's device.
     """
     with torch.no_grad():
         if scores is None:
-            scores = model.score_pairs(pairs[:, 0], pairs[:, 1], n_pos)
+            scores = model.score_pairs(pairs[:, 0], pairs[:, 1], n_pos, validate=validate)
         violated = torch.cat([scores.log_p[:n_pos].detach() < _HALF,
                               scores.log1m_p.detach() < _HALF])
-        box = model.gather(torch.cat([pairs[:, 0], pairs[:, 1]]))
+        box = model.gather(torch.cat([pairs[:, 0], pairs[:, 1]]), validate=validate)
     with torch.enable_grad():
         corners = [t.detach().requires_grad_() for t in (box.lower, box.upper)]
-        both = Box(corners[0], corners[1])
+        both = Box._trusted(corners[0], corners[1])      # the gathered corners, checked
         child, parent = both[:pairs.shape[0]], both[pairs.shape[0]:]
         pos_terms, neg_terms = pair_losses(model.score_boxes(parent, child, n_pos), n_pos,
                                            model.method)
@@ -283,7 +283,7 @@ class Trainer:
         known: pairs never drawn as negatives (self pairs included), a PairSet.
         config: the run's :class:`HierarchyConfig`.
         generator: generator on the training device for shuffling and negatives.
-        scorer: ``scorer(child, parent, n_pos) -> PairScores`` (default
+        scorer: ``scorer(child, parent, n_pos, validate=False) -> PairScores`` (default
             ``model.score_pairs``; the distributed trainer passes its DDP wrapper).
         steps_per_epoch: None: batches of ``batch_size`` (the last may be smaller); an int:
             that many nearly equal batches (every DDP rank must take the same number).
@@ -320,7 +320,9 @@ class Trainer:
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One optimiser step on ``batch`` (``(m, 2)`` positives on the device) and its fresh
         negatives. Returns the loss (a 0-dim tensor, not read) and, when ``diagnostics``, the
-        step's diagnostic counts (a float64 tensor, not read). No host read of its own."""
+        step's diagnostic counts (a float64 tensor, not read). No host read of its own, and
+        no NaN pass over the parameters (``validate=False`` to the model: the positives were
+        checked once, up front)."""
         cfg, model = self.config, self.model
         m = batch.shape[0]
         if cfg.negatives_per_positive:
@@ -331,7 +333,7 @@ class Trainer:
             pairs = torch.cat([batch, neg.reshape(-1, 2)])
         else:
             pairs = batch
-        scores = self.scorer(pairs[:, 0], pairs[:, 1], m)
+        scores = self.scorer(pairs[:, 0], pairs[:, 1], m, validate=False)
         pos_terms, neg_terms = pair_losses(scores, m, model.method)
         loss = pos_terms.mean()
         if neg_terms.numel():
@@ -350,7 +352,7 @@ class Trainer:
         """Σ over the distinct boxes of ``pairs`` of 1[Vol > τ_v]·Vol, without finding the
         distinct ids (each occurrence is weighted by 1/count)."""
         ids = pairs.reshape(-1)
-        vol = torch.exp(self.model.log_volume(ids))
+        vol = torch.exp(self.model.log_volume(ids, validate=False))
         counts = torch.zeros(self.model.num_nodes, dtype=vol.dtype, device=vol.device)
         counts.index_add_(0, ids, torch.ones_like(vol))
         pen = torch.where(vol > self.config.volume_threshold, vol, torch.zeros_like(vol))
@@ -369,7 +371,7 @@ class Trainer:
                     zero += ((p.grad.abs() <= tol) & touched.unsqueeze(1)).sum()
             n_touched = touched.sum() * (2 * model.dim)
             known = self.known.contains(pairs[m:]).sum()
-        stalled, violated = stalled_pairs(model, pairs, m, tol, scores)
+        stalled, violated = stalled_pairs(model, pairs, m, tol, scores, validate=False)
         return torch.stack([t.double() for t in (
             zero, n_touched, stalled, violated, known,
             torch.full((), pairs.shape[0], device=pairs.device))])
@@ -389,14 +391,13 @@ class Trainer:
         losses = torch.zeros(len(batches), dtype=torch.float64, device=dev)
         diag, diag_steps = [], []
         every = cfg.diagnostics_every
-        with set_validation(False):          # ids and pairs were checked once, up front
-            for s, idx in enumerate(batches):
-                loss, stats = self.step(self.positives[idx], bool(every) and s % every == 0)
-                losses[s] = loss
-                if stats is not None:
-                    diag.append(stats)
-                    diag_steps.append(self.step_count)
-                self.step_count += 1
+        for s, idx in enumerate(batches):        # the steps skip the value checks (step())
+            loss, stats = self.step(self.positives[idx], bool(every) and s % every == 0)
+            losses[s] = loss
+            if stats is not None:
+                diag.append(stats)
+                diag_steps.append(self.step_count)
+            self.step_count += 1
         flat = torch.cat([losses, *diag])
         if self.reduce is not None:
             flat = self.reduce(flat)
