@@ -171,7 +171,8 @@ def _log1m_ratio(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
     ``log1mexp`` (no cancellation), on each half of b (the two ends of b meet a's two ends).
     With :math:`r = δ / s_b`, :math:`\log(s_{ab}/s_b) = \log(1 − r)` is ``log1mexp(log r)``
     for r <= 1/2 and :math:`\log s_{ab} − \log s_b` above; the result is
-    ``log1mexp(Σ_i log(1 − r_i))``.
+    :math:`\log(1 − \prod_i (1 − r_i)) = \log \sum_i r_i \prod_{j<i} (1 − r_j)`, a log-sum-exp
+    of positive terms (no cancellation when every :math:`r_i` is tiny).
     """
     layout = noise.quadrature_layout(2)
     low, width, order = float(layout.low), float(layout.width), int(layout.order)
@@ -183,9 +184,13 @@ def _log1m_ratio(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
         stop = torch.maximum(torch.maximum(up_a, up_b), lo_b) - low
 
     def log_loss(x: torch.Tensor) -> torch.Tensor:     # log g_b(x) + log(1 − h_a(x))
-        log_h = _log_g(lo_a.unsqueeze(0), up_a.unsqueeze(0), noise, x)
-        return (_log_g(lo_b.unsqueeze(0), up_b.unsqueeze(0), noise, x)
-                + log1mexp(log_h.clamp(max=0.0)))
+        # 1 − F(x − l_a) F(u_a − x) = S(x − l_a) + F(x − l_a) S(u_a − x), from the survival
+        # function: log1mexp(log h_a) is −inf (and its gradient NaN) where h_a rounds to 1,
+        # deep inside a, which is exactly where b sits when a contains it
+        below, above = x - lo_a.unsqueeze(-1), up_a.unsqueeze(-1) - x
+        log_1m_h = torch.logaddexp(noise.log_sf(below),
+                                   noise.log_cdf(below) + noise.log_sf(above))
+        return _log_g(lo_b.unsqueeze(0), up_b.unsqueeze(0), noise, x) + log_1m_h
 
     log_delta = torch.logaddexp(_log_integral(log_loss, start, mid, width, order),
                                 _log_integral(log_loss, mid, stop, width, order))
@@ -193,7 +198,10 @@ def _log1m_ratio(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
     small = log_r < -_LOG2
     log_keep = torch.where(small, log1mexp(torch.where(small, log_r, -1.0)),
                            (log_ab - log_b).clamp(max=0.0))
-    return log1mexp(log_keep.sum(-1).clamp(max=0.0))
+    # 1 − Π_i (1 − r_i) = Σ_i r_i Π_{j<i} (1 − r_j): a sum of positive terms, so tiny r_i
+    # (b deep inside a, where log1mexp(Σ_i log(1 − r_i)) rounds to log 0) keep their digits
+    before = torch.cumsum(log_keep, -1) - log_keep
+    return torch.logsumexp(log_r + before, -1).clamp(max=0.0)
 
 
 def _zoom(x: torch.Tensor, log_g: torch.Tensor, a: torch.Tensor, b: torch.Tensor

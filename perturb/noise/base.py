@@ -33,6 +33,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
+from .._math import log1mexp
 from .._validation import check_dim, check_scores
 from . import _quadrature
 from ._args import _open_uniform, _sample_args, _zero_grad_like
@@ -163,6 +164,12 @@ class Noise:
     def log_cdf(self, x: torch.Tensor) -> torch.Tensor:
         """``log F(x)``; subclasses override it with a form that is accurate in the tails."""
         return torch.log(self.cdf(x))
+
+    def log_sf(self, x: torch.Tensor) -> torch.Tensor:
+        """``log(1 − F(x)) = log P(ε > x)``, the log survival function; accurate where
+        ``F(x)`` rounds to 1 when a subclass overrides it (the default, ``log1mexp(log F)``, is
+        ``-inf`` there)."""
+        return log1mexp(self.log_cdf(x).clamp(max=0.0))
 
     def icdf(self, u: torch.Tensor) -> torch.Tensor:
         """Quantile function ``F⁻¹(u)`` for ``u ∈ [0, 1]`` (elementwise; for quasi-Monte Carlo)."""

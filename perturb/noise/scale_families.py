@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from .._math import EULER_GAMMA
+from .._math import EULER_GAMMA, log1mexp
 from .._validation import unreadable, check_positive
 from ._args import _as_tensor, _check_unit, _default_device, _open_uniform, _real, _sample_args
 from ._quadrature import _F64, _TAIL
@@ -163,6 +163,15 @@ class Gumbel(_ScaleNoise):
     def log_cdf(self, x: torch.Tensor) -> torch.Tensor:
         return -torch.exp(-_as_tensor(x, "x") / self.scale)
 
+    def log_sf(self, x: torch.Tensor) -> torch.Tensor:
+        # log(1 − exp(−e^{−z})); above z = 30, log t − t/2 with t = e^{−z} (the next term,
+        # t²/24, is below 1e-27), so log S ≈ −z stays finite where e^{−z} underflows.
+        # Each branch sees clamped inputs, so neither overflows into the other's gradient.
+        z = _as_tensor(x, "x") / self.scale
+        hi = z.clamp(min=30.0)
+        return torch.where(z > 30.0, -hi - 0.5 * torch.exp(-hi),
+                           log1mexp(-torch.exp(-z.clamp(max=30.0))))
+
     @property
     def mean(self) -> float:
         return self.scale * EULER_GAMMA
@@ -226,6 +235,9 @@ class Normal(_ScaleNoise):
     def log_cdf(self, x: torch.Tensor) -> torch.Tensor:
         return torch.special.log_ndtr(_as_tensor(x, "x") / self.scale)
 
+    def log_sf(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.special.log_ndtr(-_as_tensor(x, "x") / self.scale)     # symmetric
+
     @property
     def mean(self) -> float:
         return 0.0
@@ -281,6 +293,9 @@ class Logistic(_ScaleNoise):
 
     def log_cdf(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.logsigmoid(_as_tensor(x, "x") / self.scale)
+
+    def log_sf(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.logsigmoid(-_as_tensor(x, "x") / self.scale)   # symmetric
 
     @property
     def mean(self) -> float:

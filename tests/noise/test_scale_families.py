@@ -126,3 +126,23 @@ def test_gradcheck(noise):
     theta = torch.tensor([[0.3, -0.2, 0.65], [1.1, 0.0, -0.4]], dtype=F64, requires_grad=True)
     assert torch.autograd.gradcheck(noise.argmax_probs, (theta,), atol=1e-7)
     assert torch.autograd.gradcheck(noise.expected_max, (theta,), atol=1e-7)
+
+
+@pytest.mark.parametrize("noise", [Gumbel(0.7), Normal(0.3), Logistic(2.0)], ids=repr)
+def test_log_sf_is_log_of_one_minus_cdf_and_finite_in_the_far_tail(noise):
+    """log S(x) = log(1 − F(x)) where 1 − F is representable (scipy in float64), and in the far
+    upper tail, where F rounds to 1, the tail's own asymptotics instead of −inf."""
+    x = torch.linspace(-3, 3, 61, dtype=torch.float64) * noise.scale
+    cdf = noise.cdf(x).numpy()
+    torch.testing.assert_close(noise.log_sf(x), torch.from_numpy(np.log1p(-cdf)),
+                               rtol=1e-12, atol=1e-14)
+    z = torch.tensor([40.0, 800.0, 1e4], dtype=torch.float64)
+    far = noise.log_sf(z * noise.scale)
+    if isinstance(noise, Gumbel):
+        want = -z - 0.5 * torch.exp(-z)                         # log(1 − exp(−e^{−z}))
+    elif isinstance(noise, Normal):
+        want = torch.from_numpy(special.log_ndtr(-z.numpy()))
+    else:
+        want = -torch.nn.functional.softplus(z)                 # log σ(−z)
+    torch.testing.assert_close(far, want, rtol=1e-12, atol=0)
+    assert torch.isfinite(far).all()
