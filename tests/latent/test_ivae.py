@@ -1,23 +1,13 @@
-"""Tests of perturb/latent/ivae.py and perturb/latent/data.py."""
+"""Tests of perturb/latent/ivae.py (its data: tests/latent/test_data.py)."""
 import math
 
 import pytest
 import torch
 
-from perturb.latent.data import binarized_digits, make_nonlinear_ica, perturbed_binary
+from perturb.latent.data import make_nonlinear_ica, perturbed_binary
 from perturb.latent.ivae import IVAE
 from perturb.latent.metrics import mean_corr_coef
 from perturb.noise import Logistic, Normal
-
-
-def test_nonlinear_ica_shapes_and_injective_mixing(generator):
-    data = make_nonlinear_ica(n_sources=3, n_segments=4, n_per_segment=50, d_obs=10,
-                              generator=generator)
-    assert data.x.shape == (200, 10) and data.s.shape == (200, 3) and data.u.shape == (200,)
-    # the mixing is injective: a linear read-out of x through an MLP is not needed to tell
-    # sources apart; at least the Jacobian has full column rank at the data
-    j = torch.autograd.functional.jacobian(data.mixing, data.s[:1])[0, :, 0, :]
-    assert torch.linalg.matrix_rank(j) == 3
 
 
 @pytest.mark.parametrize("conditional", [True, False])
@@ -47,15 +37,6 @@ def test_binary_likelihood_is_exact_bernoulli():
                           atol=1e-5)
     assert torch.allclose(model.log_likelihood(zeros, z), torch.log(torch.sigmoid(-f)).sum(-1),
                           atol=1e-5)
-
-
-def test_perturbed_binary_limit_frequencies(generator):
-    f = torch.full((20000,), 0.7)
-    x = perturbed_binary(f, 0.0, Logistic(), generator)
-    p = torch.sigmoid(torch.tensor(0.7)).item()
-    assert abs(x.mean().item() - p) < 5 * math.sqrt(p * (1 - p) / len(f))
-    xs = perturbed_binary(f, 0.01, Logistic(), generator)
-    assert ((xs > 0.5).float().mean() - p).abs() < 5 * math.sqrt(p * (1 - p) / len(f))
 
 
 def test_bad_arguments():
@@ -96,13 +77,6 @@ def test_trained_ivae_beats_chance(generator):
         opt.step()
     after = mean_corr_coef(data.s, model.latents(data.x, data.u)).item()
     assert after > 0.8 and after > before
-
-
-def test_digits_are_binary_and_split():
-    pytest.importorskip("sklearn")
-    xtr, ytr, xte, yte = binarized_digits()
-    assert xtr.shape[1] == 64 and set(xtr.unique().tolist()) <= {0.0, 1.0}
-    assert len(xtr) + len(xte) == 1797 and len(ytr) == len(xtr)
 
 
 @pytest.mark.parametrize("noise", [Logistic(), Normal()])
