@@ -409,6 +409,11 @@ def gumbel_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, hard: 
 
     References:
         Jang et al. 2017 (arXiv:1611.01144); Maddison et al. 2017 (arXiv:1611.00712).
+
+    See Also:
+        - :func:`perturb.gaussian_softmax`: the same relaxation under Gaussian noise
+        - :func:`perturb.relax`: any structure, regularizer and noise
+        - :func:`perturb.softmax`: the relaxation without noise
     """
     if isinstance(dim, float) and 0 < dim < 1 and (generator is None or isinstance(generator, int)):
         # torch's positional order (logits, tau, hard, eps, dim): dim holds eps
@@ -455,6 +460,10 @@ def gaussian_softmax(logits: torch.Tensor, tau: float | torch.Tensor = 1.0, scal
     References:
         Paulus et al., "Gradient Estimation with Stochastic Softmax Tricks", NeurIPS 2020,
         arXiv:2006.08063.
+
+    See Also:
+        - :func:`perturb.gumbel_softmax`: the same relaxation under Gumbel noise
+        - :func:`perturb.relax`: any structure, regularizer and noise
     """
     scale = renamed("gaussian_softmax", "sigma", sigma, "scale", scale, 1.0,
                     check_positive)

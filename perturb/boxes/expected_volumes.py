@@ -320,6 +320,10 @@ def expected_volume(*boxes: Box, noise: Noise | None = None, log: bool = False) 
 
     References:
         Dasgupta et al. 2020, arXiv:2010.04831 (Gumbel boxes).
+
+    See Also:
+        - :func:`perturb.boxes.volume`: the volume of one box (Gumbel, soft or hard)
+        - :func:`perturb.boxes.containment_prob`: E[vol(a ∩ b)] / E[vol(b)]
     """
     check_box_noise(noise)
     lowers, uppers = _check_boxes(boxes)
@@ -429,6 +433,10 @@ def volume(box: Box, method: str | None = None, beta: float | torch.Tensor | Non
     References:
         Vilnis et al. 2018 (hard boxes); Li et al. 2019, "Smoothing the Geometry of
         Probabilistic Box Embeddings" (soft); Dasgupta et al. 2020, arXiv:2010.04831 (Gumbel).
+
+    See Also:
+        - :func:`perturb.boxes.expected_volume`: intersections of several boxes under any noise
+        - :func:`perturb.boxes.gumbel_side_length`: the Gumbel side in one coordinate
     """
     if not isinstance(box, Box):
         raise ValueError(f"box must be a Box, got {type(box).__name__}")

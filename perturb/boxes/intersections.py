@@ -395,6 +395,10 @@ def log1m_containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = N
         tensor(0.)
         >>> log1m_containment_prob(a, b, beta=0.01)
         tensor(-41.5500)
+
+    See Also:
+        - :func:`perturb.boxes.log_containment_prob`: log P
+        - :func:`perturb.boxes.containment_loss`: the loss built from both
     """
     beta, noise = _resolve_noise(noise, beta, volume_beta, temperature, approx)
     if noise is not None:
@@ -494,6 +498,11 @@ def containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = None,
 
     References:
         Vilnis et al. 2018, arXiv:1805.06627; Dasgupta et al. 2020, arXiv:2010.04831.
+
+    See Also:
+        - :func:`perturb.boxes.log_containment_prob`: its logarithm
+        - :func:`perturb.boxes.log1m_containment_prob`: log(1 − P), accurate for nested pairs
+        - :func:`perturb.boxes.overlap`: the symmetric score
     """
     out = log_containment_prob(a, b, beta, volume_beta, temperature=temperature, approx=approx,
                                noise=noise)

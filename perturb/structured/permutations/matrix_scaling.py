@@ -330,6 +330,10 @@ def gumbel_sinkhorn(log_alpha: torch.Tensor, tau: float | torch.Tensor = 1.0,
         torch.Size([10, 4, 6, 6])
 
     References: Mena et al. (2018), arXiv:1802.08665.
+
+    See Also:
+        - :func:`perturb.structured.sinkhorn`: the scaling without noise
+        - :func:`perturb.structured.matching`: the exact assignment (the τ → 0 limit)
     """
     check_scores(log_alpha, "log_alpha", min_ndim=2)
     noise = Gumbel() if noise is None else noise

@@ -300,6 +300,11 @@ def ksubset_marginals(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0,
         tensor([0.5000, 0.5000, 1.0000])
 
     References: Paulus et al. (2020), arXiv:2006.08063.
+
+    See Also:
+        - :func:`perturb.structured.ksubset_log_partition`: its log-partition
+        - :func:`perturb.structured.sample_ksubset`: exact samples
+        - :func:`perturb.structured.relaxed_topk`: the relaxed top-k that uses these marginals
     """
     mode = resolve_backward(backward, MARGINAL_BACKWARDS, "ksubset_marginals")
     if mode == "finite_difference":
@@ -338,6 +343,10 @@ def sample_ksubset(w: torch.Tensor, k: int, n_samples: int | None = None,
 
     Complexity: O(nk) for the tables, then ⌈log₂ n⌉ steps for all samples at once, memory
     O(n_samples·B·n·min(k, ·)) per level.
+
+    See Also:
+        - :func:`perturb.structured.ksubset_marginals`: the marginals of the same law
+        - :func:`perturb.structured.topk`: its mode
     """
     n_samples, generator, tau = old_sampler_order("sample_ksubset", n_samples, generator,
                                                   legacy, tau)

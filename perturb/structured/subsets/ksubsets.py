@@ -135,6 +135,10 @@ def topk(w: torch.Tensor, k: int) -> torch.Tensor:
 
         >>> topk(torch.tensor([1.0, 5.0, 5.0, 0.0]), 1)
         tensor([0., 1., 0., 0.])
+
+    See Also:
+        - :func:`perturb.structured.relaxed_topk`: its relaxation
+        - :func:`perturb.structured.sample_ksubset`: exact k-subset samples
     """
     structure = KSubset(k)
     structure.validate(w)
@@ -377,5 +381,10 @@ def relaxed_topk(w: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0,
         >>> x = relaxed_topk(w, k=2, tau=0.1, regularizer=SquaredNorm())
         >>> x
         tensor([1., 0., 1., 0.], grad_fn=<_CappedSimplexBackward>)
+
+    See Also:
+        - :func:`perturb.structured.topk`: the exact argmax
+        - :func:`perturb.structured.ksubset_marginals`: the k-subset marginals
+        - :class:`perturb.structured.CorrelatedKSubset`: k-subsets with correlated blocks
     """
     return regularized_argmax(w, KSubset(k), regularizer, tau, backward)

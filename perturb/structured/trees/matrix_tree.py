@@ -134,6 +134,12 @@ def spanning_tree_marginals(w: torch.Tensor, tau: float | torch.Tensor = 1.0,
         >>> mu = spanning_tree_marginals(torch.zeros(4, 4))
         >>> mu[0, 1]                     # every edge of K4 is in 8 of its 16 trees
         tensor(0.5000)
+
+    See Also:
+        - :func:`perturb.structured.spanning_tree_log_partition`: its log-partition
+        - :func:`perturb.structured.max_spanning_tree`: the mode
+        - :func:`perturb.structured.sample_spanning_tree`: exact samples
+        - :func:`perturb.structured.arborescence_marginals`: the directed counterpart
     """
     mode = resolve_backward(backward, MARGINAL_BACKWARDS, "spanning_tree_marginals")
     if mode == "finite_difference":
@@ -201,6 +207,12 @@ def arborescence_marginals(w: torch.Tensor, root: int = 0, tau: float | torch.Te
         >>> mu = arborescence_marginals(torch.randn(5, 5), root=0)
         >>> round(float(mu.sum()), 4)
         4.0
+
+    See Also:
+        - :func:`perturb.structured.arborescence_log_partition`: its log-partition
+        - :func:`perturb.structured.max_arborescence`: the mode
+        - :func:`perturb.structured.sample_arborescence`: exact samples
+        - :func:`perturb.structured.spanning_tree_marginals`: the undirected counterpart
     """
     mode = resolve_backward(backward, MARGINAL_BACKWARDS, "arborescence_marginals")
     if mode == "finite_difference":
