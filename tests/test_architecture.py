@@ -227,9 +227,8 @@ MIRROR_ELSEWHERE = {
     "perturb/structured/subsets/_blocks.py": "tests/structured/subsets/test_correlated.py",
 }
 # modules whose own test file is still to be written (issue 27); tested today only through
-# their callers: the identifiability checks (tests/test_checks.py) and the k-subset DP
-# (tests/structured/subsets/test_dp.py)
-MIRROR_MISSING = {"perturb/_identify.py", "perturb/structured/subsets/_tree.py"}
+# their callers: the k-subset DP's kernels (tests/structured/subsets/test_dp.py)
+MIRROR_MISSING = {"perturb/structured/subsets/_tree.py"}
 
 
 def _mirror(path: Path) -> Path:
