@@ -1,0 +1,84 @@
+"""Tests of perturb/structured/subsets/_tree.py, the kernels of the k-subset DP, against brute
+force: the count distribution of independent Bernoullis (Poisson-binomial, by enumeration), the
+conditional marginals P(l ∈ S | |S| = k) by enumeration, the depthwise correlation against its
+definition, and the tilt ν against E_ν[N] = k."""
+import itertools
+import math
+
+import pytest
+import torch
+
+from perturb.structured.subsets import _tree
+
+F64 = torch.float64
+
+
+def _poisson_binomial(p: torch.Tensor) -> torch.Tensor:
+    """P(N = j), j = 0..n, of a row of independent Bernoulli(p_l), by enumeration."""
+    n = p.shape[-1]
+    out = torch.zeros(n + 1, dtype=F64)
+    for bits in itertools.product([0, 1], repeat=n):
+        b = torch.tensor(bits, dtype=F64)
+        out[int(b.sum())] += float(torch.prod(torch.where(b > 0, p, 1 - p)))
+    return out
+
+
+@pytest.mark.parametrize("n, k", [(3, 2), (4, 1), (7, 3), (9, 5), (12, 4)])
+def test_inside_root_is_the_truncated_count_distribution(n, k):
+    g = torch.Generator().manual_seed(n * 10 + k)
+    x = torch.randn(2, n, dtype=F64, generator=g)
+    p = _tree._probs(x)                                          # padded with p = 0
+    assert p.shape[-1] >= n and (p[:, n:] == 0).all()
+    root = _tree._inside(p, k)[-1]
+    assert root.shape == (2, k + 1)
+    for b in range(2):
+        want = _poisson_binomial(torch.sigmoid(x[b]))[: k + 1]
+        torch.testing.assert_close(root[b], want, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("n, k", [(5, 2), (8, 3), (10, 6)])
+def test_outside_and_leaves_give_the_conditional_marginals(n, k):
+    """μ_l = P(l ∈ S | |S| = k) under independent Bernoulli(p_l), by enumerating k-subsets."""
+    g = torch.Generator().manual_seed(n + k)
+    x = torch.randn(1, n, dtype=F64, generator=g)
+    p = _tree._probs(x)
+    tables = _tree._inside(p, k)
+    outs = _tree._outside(tables[1:], k)
+    mu = _tree._leaf_marginals(tables[0], outs[0], k, 1)[0, :n]
+    q = torch.sigmoid(x[0])
+    want, total = torch.zeros(n, dtype=F64), 0.0
+    for s in itertools.combinations(range(n), k):
+        inside = torch.zeros(n, dtype=torch.bool)
+        inside[list(s)] = True
+        w = float(torch.prod(torch.where(inside, q, 1 - q)))
+        want += w * inside.to(F64)
+        total += w
+    torch.testing.assert_close(mu, want / total, rtol=1e-10, atol=1e-13)
+    assert float(mu.sum()) == pytest.approx(k, rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_dwcorr_is_a_per_row_correlation(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 9, generator=g).to(dtype)
+    w = torch.randn(5, 1, 3, generator=g).to(dtype)
+    got = _tree._dwcorr(x, w)
+    want = torch.stack([torch.stack([sum(w[r, 0, i] * x[r, t + i] for i in range(3))
+                                     for t in range(7)]) for r in range(5)])
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_tilt_centres_the_count_near_k():
+    """ys = y − c with c the k-th largest score, and E_ν[N] = Σ σ(ys − ν) close to k (one
+    Newton step from a start exact in the exponential regime: within 1 of k)."""
+    g = torch.Generator().manual_seed(3)
+    y = 3 * torch.randn(4, 30, dtype=F64, generator=g)
+    k = 6
+    ys, c, nu = _tree._tilt(y, k)
+    torch.testing.assert_close(ys + c, y)
+    kth = torch.topk(y, k, -1).values[:, -1:]
+    torch.testing.assert_close(c, kth)
+    expected = torch.sigmoid(ys - nu).sum(-1)
+    assert ((expected - k).abs() < 1.0).all()
+    assert math.isfinite(float(nu.abs().max()))
