@@ -25,6 +25,7 @@ accuracy of 1e-9 relative.
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -104,15 +105,19 @@ def _check_constraints(structure, w, y, warned):
     # (docs/trees.md), not from a normalisation: that is their documented accuracy
     solved = 1e-9 if isinstance(structure, (SpanningTrees, Arborescences)) else 0.0
 
-    def close(total, target, mass):
+    def close(total, target, mass, extra=0.0):
         err = (total - target).abs().max()
-        allowed = (4 * eps + solved) * mass
+        allowed = (4 * eps + solved + extra) * mass
         assert err <= allowed, f"constraint off by {err:.3g} (allowed {allowed:.3g})"
 
     if isinstance(structure, Simplex):
         close(y64.sum(-1), 1.0, 1.0)
     elif isinstance(structure, KSubset):
-        close(y64.sum(-1), float(structure.k), float(structure.k))
+        # the capped-simplex root (SquaredNorm, BinaryEntropy) stops at |Σx − k| ≤ 2 ε k log2 n
+        # in float64 (2 ε k in float32, its residual summed in float64): its documented
+        # accuracy (subsets/ksubsets.py, _capped_root), on top of the rounding of the sum
+        rooted = 2 * eps * (max(1.0, math.log2(n)) if y.dtype == torch.float64 else 1.0)
+        close(y64.sum(-1), float(structure.k), float(structure.k), rooted)
     elif isinstance(structure, CorrelatedKSubset):
         d = (n + 1) // 2
         close(y64[..., :d].sum(-1), float(structure.k), float(structure.k))
