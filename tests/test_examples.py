@@ -13,22 +13,15 @@ import sys
 
 import pytest
 import torch
+from _examples import EXAMPLES_DIR, load_example
 
-EXAMPLES_DIR = pathlib.Path(__file__).resolve().parents[1] / "examples"
 EXAMPLES = sorted(p for p in EXAMPLES_DIR.glob("*.py") if not p.name.startswith("_"))
 OPTIONAL = ("matplotlib", "tqdm", "sklearn", "mlxtend")
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 HAVE_SKLEARN = importlib.util.find_spec("sklearn") is not None
 
 
-def load(name: str):
-    """A fresh module object of examples/<name>.py (``_common`` importable beside it)."""
-    if str(EXAMPLES_DIR) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES_DIR))
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES_DIR / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+load = load_example
 
 
 def finite(*xs: float) -> bool:

