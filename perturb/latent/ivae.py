@@ -29,7 +29,7 @@ from torch import nn
 from perturb._math import log1mexp as _log1mexp
 from perturb._deprecation import renamed
 from perturb._validation import check_choice, check_int, check_positive, check_real
-from perturb.noise import Logistic, Noise, Normal
+from perturb.noise import Logistic, Noise
 
 __all__ = ["IVAE"]
 
@@ -51,9 +51,10 @@ def _gauss_log_prob(z: torch.Tensor, mean: torch.Tensor, logvar: torch.Tensor) -
 
 
 def _log_sf(noise: Noise, c: torch.Tensor) -> torch.Tensor:
-    """log P(ε > c) = log(1 − F(c)); exact in the tails for the symmetric Logistic and Normal."""
-    if type(noise) in (Logistic, Normal):
-        return noise.log_cdf(-c)
+    """log P(ε > c) = log(1 − F(c)): the noise's own survival function (exact in the tails for
+    the built-in families); a duck-typed noise with only ``log_cdf`` gets log1mexp(log F)."""
+    if isinstance(noise, Noise):
+        return noise.log_sf(c)
     return _log1mexp(noise.log_cdf(c))
 
 

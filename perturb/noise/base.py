@@ -168,7 +168,8 @@ class Noise:
     def log_sf(self, x: torch.Tensor) -> torch.Tensor:
         """``log(1 − F(x)) = log P(ε > x)``, the log survival function; accurate where
         ``F(x)`` rounds to 1 when a subclass overrides it (the default, ``log1mexp(log F)``, is
-        ``-inf`` there)."""
+        ``-inf`` there). A subclass of a built-in family that changes ``log_cdf`` overrides
+        this too (the families' versions are written for their own law)."""
         return log1mexp(self.log_cdf(x).clamp(max=0.0))
 
     def icdf(self, u: torch.Tensor) -> torch.Tensor:
