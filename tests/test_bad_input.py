@@ -1,5 +1,8 @@
 """The bad-input catalogue: every public callable, what it must say about bad arguments.
 
+Structures take their cases from their spec in tests/_specs.py (the scores cases generated
+from its example, tests/_cases.py, plus its ``bad_inputs``).
+
 Driven by the public ``__all__`` lists of the packages in ``MODULES``: every public callable needs
 an entry in ``CATALOGUE`` (a list of cases) or in ``NOTHING_TO_VALIDATE`` (a reason, e.g. a result
 container or a base class), so new API cannot skip validation — a public name with neither fails
@@ -25,16 +28,13 @@ import perturb
 from perturb import boxes, checks, distributions, latent, nn, structured
 from perturb.boxes import Box
 
+from _cases import (F64, NAN_S, NAN_V, S, V, Case, int_cases, score_cases, structure_cases,
+                    tau_cases)
+from _specs import SPECS
+
 MODULES = ["perturb", "perturb.structured", "perturb.boxes", "perturb.checks", "perturb.nn",
            "perturb.latent", "perturb.distributions"]
 HERE = "tests/test_bad_input.py"
-
-
-class Case(NamedTuple):
-    label: str
-    call: Callable[[], Any]
-    match: str                          # regular expression the message must contain
-    exc: type = ValueError
 
 
 def _public_callables() -> dict[str, Any]:
@@ -57,66 +57,15 @@ def _public_callables() -> dict[str, Any]:
 # inputs and case generators
 # --------------------------------------------------------------------------------------------
 
-F64 = torch.float64
-V = torch.randn(3, 5, dtype=F64)                 # vectors (batch 3, n 5)
-S = torch.randn(2, 4, 4, dtype=F64)              # square matrices
-NAN_V = V.clone()
-NAN_V[0, 1] = math.nan
-NAN_S = S.clone()
-NAN_S[0, 1, 2] = math.nan
 LOWER = torch.zeros(4, 3)
 UPPER = torch.ones(4, 3)
 BOX = Box(LOWER, UPPER)
-TA = torch.tensor([0.5, 0.5], dtype=F64)          # transport marginals (Σ = 1)
-TB = torch.tensor([0.2, 0.3, 0.5], dtype=F64)
-TQ = torch.full((4,), 0.25, dtype=F64)            # uniform marginals of the 4 x 4 scores S
-
-
-def _score_cases(fn: Callable, name: str, matrix: bool = False) -> list[Case]:
-    """Wrong dtype, NaN, too few dims, empty event, for a scores argument of ``fn(x)``."""
-    good = S if matrix else V
-    bad_nan = NAN_S if matrix else NAN_V
-    cases = [
-        Case(f"{name} int dtype", lambda: fn(good.long()), name),
-        Case(f"{name} bool dtype", lambda: fn(good > 0), name),
-        Case(f"{name} complex dtype", lambda: fn(good.to(torch.complex128)), name),
-        Case(f"{name} NaN", lambda: fn(bad_nan), name),
-        Case(f"{name} 0-dim", lambda: fn(torch.tensor(1.0, dtype=F64)), name),
-        Case(f"{name} not a tensor", lambda: fn(good.tolist()), name),
-    ]
-    if matrix:
-        cases += [Case(f"{name} non-square", lambda: fn(torch.randn(2, 4, 3, dtype=F64)), name),
-                  Case(f"{name} empty n = 0", lambda: fn(torch.randn(2, 0, 0, dtype=F64)), name)]
-    else:
-        cases += [Case(f"{name} empty n = 0", lambda: fn(torch.randn(3, 0, dtype=F64)), name)]
-    return cases
-
 
 def _all_masked_row(fn: Callable, name: str) -> list[Case]:
     """A row whose entries are all -inf (masks allowed, but nothing left to choose)."""
     x = V.clone()
     x[0] = -math.inf
     return [Case(f"{name} row all -inf", lambda: fn(x), name)]
-
-
-def _tau_cases(fn: Callable, name: str = "tau") -> list[Case]:
-    """τ ≤ 0, NaN, inf, a tensor that would enlarge the batch, for ``fn(tau)``."""
-    return [
-        Case(f"{name} = 0", lambda: fn(0.0), name),
-        Case(f"{name} < 0", lambda: fn(-1.0), name),
-        Case(f"{name} NaN", lambda: fn(math.nan), name),
-        Case(f"{name} inf", lambda: fn(math.inf), name),
-        Case(f"{name} string", lambda: fn("1"), name),
-    ]
-
-
-def _int_cases(fn: Callable, name: str, low_bad: int, high_bad: int | None = None) -> list[Case]:
-    cases = [Case(f"{name} too small", lambda: fn(low_bad), name),
-             Case(f"{name} float", lambda: fn(1.5), name),
-             Case(f"{name} bool", lambda: fn(True), name)]
-    if high_bad is not None:
-        cases.append(Case(f"{name} too large", lambda: fn(high_bad), name))
-    return cases
 
 
 def _box_cases(fn: Callable, name: str) -> list[Case]:
@@ -155,7 +104,7 @@ St = structured
 CATALOGUE: dict[str, list[Case]] = {
     # the core ----------------------------------------------------------------------------
     # perturb adds noise to a tensor of any shape (scalars, empty): only dtype and values
-    "perturb": _score_cases(lambda x: perturb.perturb(x, perturb.Gumbel()), "theta")[:4] + [
+    "perturb": score_cases(lambda x: perturb.perturb(x, perturb.Gumbel()), "theta")[:4] + [
         Case("noise not a Noise", lambda: perturb.perturb(V, "gumbel"), "noise"),
         Case("n_samples 0", lambda: perturb.perturb(V, n_samples=0), "n_samples"),
         Case("generator not a Generator", lambda: perturb.perturb(V, generator=0),
@@ -164,11 +113,11 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("noise ignoring the requested shape", lambda: perturb.perturb(
             V, _OneShapeNoise()), "noise"),
     ],
-    "argmax": _score_cases(perturb.argmax, "w") + [
+    "argmax": score_cases(perturb.argmax, "w") + [
         Case("structure not a Structure", lambda: perturb.argmax(V, "simplex"), "structure"),
     ],
-    "regularized_argmax": _score_cases(perturb.regularized_argmax, "w")
-    + _tau_cases(lambda t: perturb.regularized_argmax(V, tau=t)) + [
+    "regularized_argmax": score_cases(perturb.regularized_argmax, "w")
+    + tau_cases(lambda t: perturb.regularized_argmax(V, tau=t)) + [
         Case("unknown backward", lambda: perturb.regularized_argmax(V, backward="magic"),
              "backward"),
         Case("regularizer not a Regularizer",
@@ -179,23 +128,23 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("tau enlarging the batch", lambda: perturb.regularized_argmax(
             V, tau=torch.ones(3, 1, dtype=F64)), "tau"),
     ],
-    "relax": _score_cases(perturb.relax, "theta") + _tau_cases(lambda t: perturb.relax(V, tau=t))
+    "relax": score_cases(perturb.relax, "theta") + tau_cases(lambda t: perturb.relax(V, tau=t))
     + [Case("hard not a bool", lambda: perturb.relax(V, hard=1), "hard"),
        Case("unknown backward", lambda: perturb.relax(V, backward="x"), "backward")],
-    "gumbel_softmax": _score_cases(perturb.gumbel_softmax, "logits") + _all_masked_row(perturb.gumbel_softmax, "logits")
-    + _tau_cases(lambda t: perturb.gumbel_softmax(V, t)) + [
+    "gumbel_softmax": score_cases(perturb.gumbel_softmax, "logits") + _all_masked_row(perturb.gumbel_softmax, "logits")
+    + tau_cases(lambda t: perturb.gumbel_softmax(V, t)) + [
         Case("dim out of range", lambda: perturb.gumbel_softmax(V, dim=2), "dim"),
         Case("hard not a bool", lambda: perturb.gumbel_softmax(V, hard="yes"), "hard"),
     ],
-    "gaussian_softmax": _score_cases(perturb.gaussian_softmax, "logits") + _all_masked_row(perturb.gaussian_softmax, "logits")
-    + _tau_cases(lambda t: perturb.gaussian_softmax(V, t))
-    + _tau_cases(lambda s: perturb.gaussian_softmax(V, scale=s), "scale") + [
+    "gaussian_softmax": score_cases(perturb.gaussian_softmax, "logits") + _all_masked_row(perturb.gaussian_softmax, "logits")
+    + tau_cases(lambda t: perturb.gaussian_softmax(V, t))
+    + tau_cases(lambda s: perturb.gaussian_softmax(V, scale=s), "scale") + [
         Case("deprecated sigma < 0 names sigma", _quiet(
             lambda: perturb.gaussian_softmax(V, sigma=-1.0)), "sigma"),
     ],
-    "sparsemax": _score_cases(perturb.sparsemax, "x") + _all_masked_row(perturb.sparsemax, "x") + [
+    "sparsemax": score_cases(perturb.sparsemax, "x") + _all_masked_row(perturb.sparsemax, "x") + [
         Case("dim out of range", lambda: perturb.sparsemax(V, dim=-3), "dim")],
-    "sparsemax_loss": _score_cases(lambda x: perturb.sparsemax_loss(x, torch.zeros(
+    "sparsemax_loss": score_cases(lambda x: perturb.sparsemax_loss(x, torch.zeros(
         x.shape[:-1], dtype=torch.long) if isinstance(x, torch.Tensor) and x.ndim else
         torch.zeros((), dtype=torch.long)), "x") + [
         Case("target of the wrong shape", lambda: perturb.sparsemax_loss(
@@ -208,9 +157,9 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("unknown reduction", lambda: perturb.sparsemax_loss(
             V, torch.zeros(3, dtype=torch.long), reduction="avg"), "reduction"),
     ],
-    "softmax": _score_cases(perturb.softmax, "x") + _all_masked_row(perturb.softmax, "x")
-    + _tau_cases(lambda t: perturb.softmax(V, tau=t)),
-    "perturbed": _score_cases(lambda x: perturb.perturbed(_argmax, x), "theta") + [
+    "softmax": score_cases(perturb.softmax, "x") + _all_masked_row(perturb.softmax, "x")
+    + tau_cases(lambda t: perturb.softmax(V, tau=t)),
+    "perturbed": score_cases(lambda x: perturb.perturbed(_argmax, x), "theta") + [
         Case("argmax_fn not callable", lambda: perturb.perturbed(None, V), "argmax_fn"),
         Case("argmax_fn dropping a leading dim", lambda: perturb.perturbed(
             lambda u: u.sum(0), V), "argmax_fn"),
@@ -222,7 +171,7 @@ CATALOGUE: dict[str, list[Case]] = {
              "Normal\\(\\)"),
         Case("n_samples 0", lambda: perturb.perturbed(_argmax, V, n_samples=0), "n_samples"),
         Case("noise not a Noise", lambda: perturb.perturbed(_argmax, V, "gauss"), "noise"),
-    ] + _tau_cases(lambda s: perturb.perturbed(_argmax, V, perturb.Normal(s)), "scale") + [
+    ] + tau_cases(lambda s: perturb.perturbed(_argmax, V, perturb.Normal(s)), "scale") + [
         Case("deprecated sigma < 0 names sigma", _quiet(
             lambda: perturb.perturbed(_argmax, V, sigma=-1.0)), "sigma"),
     ],
@@ -241,7 +190,7 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("argmax_fn not callable", lambda: perturb.PerturbedOptimizer(3), "argmax_fn"),
         Case("n_samples 0", lambda: perturb.PerturbedOptimizer(_argmax, n_samples=0),
              "n_samples"),
-    ] + _tau_cases(lambda s: perturb.PerturbedOptimizer(_argmax, perturb.Normal(s)), "scale"),
+    ] + tau_cases(lambda s: perturb.PerturbedOptimizer(_argmax, perturb.Normal(s)), "scale"),
     "perturbed_optimizer": [
         Case("unknown option", lambda: perturb.perturbed_optimizer(_argmax, bogus=1), "bogus",
              TypeError),
@@ -258,30 +207,29 @@ CATALOGUE: dict[str, list[Case]] = {
              lambda: perturb.register_unsupported(perturb.Simplex, int, "no"),
              "Regularizer subclass", TypeError),
     ],
-    "Simplex": [Case("validate int scores", lambda: perturb.Simplex().validate(V.long()), "w")],
     "Entropy": [Case("arguments", lambda: perturb.Entropy(1.0), "argument", TypeError)],
     "SquaredNorm": [Case("arguments", lambda: perturb.SquaredNorm(1.0), "argument", TypeError)],
     "BinaryEntropy": [Case("arguments", lambda: perturb.BinaryEntropy(1.0), "argument",
                            TypeError)],
     "ExpFamilyEntropy": [Case("arguments", lambda: perturb.ExpFamilyEntropy(1.0), "argument",
                               TypeError)],
-    "Gumbel": _tau_cases(perturb.Gumbel, "scale") + [
+    "Gumbel": tau_cases(perturb.Gumbel, "scale") + [
         Case("a location too (torch.distributions habit)", lambda: perturb.Gumbel(0.0, 1.0),
              "Gumbel\\(scale=", TypeError),
         Case("sample on a device that does not exist", lambda: perturb.Gumbel().sample(
             (2,), device="bogus"), "device"),
     ],
-    "Normal": _tau_cases(perturb.Normal, "scale") + [
+    "Normal": tau_cases(perturb.Normal, "scale") + [
         Case("a location too (torch.distributions habit)", lambda: perturb.Normal(0.0, 1.0),
              "Normal\\(scale=", TypeError),
         Case("a non-zero loc", lambda: perturb.Normal(loc=1.0), "loc"),
     ],
-    "Gaussian": _tau_cases(perturb.Gaussian, "scale"),
-    "Logistic": _tau_cases(perturb.Logistic, "scale") + [
+    "Gaussian": tau_cases(perturb.Gaussian, "scale"),
+    "Logistic": tau_cases(perturb.Logistic, "scale") + [
         Case("a location too", lambda: perturb.Logistic(0.0, 1.0), "Logistic\\(scale=",
              TypeError),
     ],
-    "NegativeExponential": _tau_cases(perturb.NegativeExponential, "scale") + [
+    "NegativeExponential": tau_cases(perturb.NegativeExponential, "scale") + [
         Case("a location too", lambda: perturb.NegativeExponential(0.0, 1.0),
              "NegativeExponential\\(scale=", TypeError),
     ],
@@ -318,32 +266,8 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("cuda_graphs a string", lambda: perturb.settings(cuda_graphs="no"), "cuda_graphs"),
     ],
     # structured --------------------------------------------------------------------------
-    "Permutations": _int_cases(lambda n: St.Permutations(n_iters=n), "n_iters", 0)
-    + [Case("tol < 0", lambda: St.Permutations(tol=-1.0), "tol")],
-    "Transport": [
-        Case("a negative", lambda: St.Transport(torch.tensor([-0.5, 1.5], dtype=F64), TB), "a"),
-        Case("b negative", lambda: St.Transport(TA, torch.tensor([1.5, -0.5, 0.0], dtype=F64)),
-             "b"),
-        Case("a NaN", lambda: St.Transport(torch.tensor([math.nan, 1.0], dtype=F64), TB), "a"),
-        Case("b zero total", lambda: St.Transport(TA, torch.zeros(3, dtype=F64)), "b"),
-        Case("sums differ", lambda: St.Transport(TA, 2 * TB), "sums"),
-        Case("a not a tensor", lambda: St.Transport([0.5, 0.5], TB), "a"),
-        Case("a int dtype", lambda: St.Transport(torch.tensor([1, 1]), TB), "a"),
-        Case("b 0-dim", lambda: St.Transport(TA, torch.tensor(1.0, dtype=F64)), "b"),
-        Case("batches do not broadcast", lambda: St.Transport(
-            TA.expand(2, 2), TB.expand(3, 3)), "batch"),
-        Case("n_iters 0", lambda: St.Transport(TA, TB, n_iters=0), "n_iters"),
-        Case("tol < 0", lambda: St.Transport(TA, TB, tol=-1.0), "tol"),
-        Case("scores of the wrong shape", lambda: St.Transport(TA, TB).argmax(S), "w"),
-        Case("scores transposed", lambda: perturb.relax(
-            torch.randn(3, 2, dtype=F64), St.Transport(TA, TB)), "shape"),
-        Case("marginal batch larger than the scores'", lambda: St.Transport(
-            TA.expand(4, 2), TB).argmax(torch.randn(2, 3, dtype=F64)), "broadcast"),
-        Case("enumerate n not m", lambda: St.Transport(TA, TB).enumerate(2), "n"),
-    ] + _score_cases(lambda w: St.Transport(TQ, TQ).argmax(w), "w", matrix=True)
-    + _tau_cases(lambda t: perturb.regularized_argmax(S, St.Transport(TQ, TQ), tau=t)),
-    "sinkhorn": _score_cases(St.sinkhorn, "log_alpha", matrix=True)
-    + _tau_cases(lambda t: St.sinkhorn(S, tau=t)) + [
+    "sinkhorn": score_cases(St.sinkhorn, "log_alpha", matrix=True)
+    + tau_cases(lambda t: St.sinkhorn(S, tau=t)) + [
         Case("unknown backward", lambda: St.sinkhorn(S, backward="auto2"), "backward"),
         Case("negative marginal", lambda: St.sinkhorn(S, a=-torch.ones(2, 4, dtype=F64),
                                                       b=torch.ones(2, 4, dtype=F64)), "a"),
@@ -354,68 +278,57 @@ CATALOGUE: dict[str, list[Case]] = {
             S, tau=torch.ones(3, 1, dtype=F64)), "tau"),
         Case("n_iters 0", lambda: St.sinkhorn(S, n_iters=0), "n_iters"),
     ],
-    "gumbel_sinkhorn": _score_cases(St.gumbel_sinkhorn, "log_alpha", matrix=True),
-    "matching": _score_cases(St.matching, "w", matrix=True)[:-2],
-    "KSubset": _int_cases(St.KSubset, "k", 0) + [
-        Case("enumerate on a device that does not exist",
-             lambda: St.KSubset(2).enumerate(3, device="bogus"), "device"),
-    ],
-    "topk": _score_cases(lambda w: St.topk(w, 2), "w")
-    + _int_cases(lambda k: St.topk(V, k), "k", 0, 6),
-    "relaxed_topk": _score_cases(lambda w: St.relaxed_topk(w, 2), "w")
-    + _int_cases(lambda k: St.relaxed_topk(V, k), "k", 0, 6)
-    + _tau_cases(lambda t: St.relaxed_topk(V, 2, tau=t)),
-    "ksubset_log_partition": _score_cases(lambda w: St.ksubset_log_partition(w, 2), "w")
-    + _int_cases(lambda k: St.ksubset_log_partition(V, k), "k", -1, 6)
-    + _tau_cases(lambda t: St.ksubset_log_partition(V, 2, tau=t)),
-    "ksubset_marginals": _score_cases(lambda w: St.ksubset_marginals(w, 2), "w")
-    + _int_cases(lambda k: St.ksubset_marginals(V, k), "k", 0, 6)
-    + _tau_cases(lambda t: St.ksubset_marginals(V, 2, tau=t)),
-    "sample_ksubset": _score_cases(lambda w: St.sample_ksubset(w, 2), "w")
-    + _int_cases(lambda k: St.sample_ksubset(V, k), "k", 0, 6)
+    "gumbel_sinkhorn": score_cases(St.gumbel_sinkhorn, "log_alpha", matrix=True),
+    "matching": score_cases(St.matching, "w", matrix=True)[:-2],
+    "topk": score_cases(lambda w: St.topk(w, 2), "w")
+    + int_cases(lambda k: St.topk(V, k), "k", 0, 6),
+    "relaxed_topk": score_cases(lambda w: St.relaxed_topk(w, 2), "w")
+    + int_cases(lambda k: St.relaxed_topk(V, k), "k", 0, 6)
+    + tau_cases(lambda t: St.relaxed_topk(V, 2, tau=t)),
+    "ksubset_log_partition": score_cases(lambda w: St.ksubset_log_partition(w, 2), "w")
+    + int_cases(lambda k: St.ksubset_log_partition(V, k), "k", -1, 6)
+    + tau_cases(lambda t: St.ksubset_log_partition(V, 2, tau=t)),
+    "ksubset_marginals": score_cases(lambda w: St.ksubset_marginals(w, 2), "w")
+    + int_cases(lambda k: St.ksubset_marginals(V, k), "k", 0, 6)
+    + tau_cases(lambda t: St.ksubset_marginals(V, 2, tau=t)),
+    "sample_ksubset": score_cases(lambda w: St.sample_ksubset(w, 2), "w")
+    + int_cases(lambda k: St.sample_ksubset(V, k), "k", 0, 6)
     + [Case("n_samples 0", lambda: St.sample_ksubset(V, 2, n_samples=0), "n_samples")],
-    "CorrelatedKSubset": _int_cases(St.CorrelatedKSubset, "k", 0) + [
-        Case("validate even n", lambda: St.CorrelatedKSubset(1).validate(
-            torch.randn(2, 4, dtype=F64)), "w"),
-        Case("validate k > d", lambda: St.CorrelatedKSubset(4).validate(V), "k")],
-    "correlated_topk_argmax": _score_cases(lambda w: St.correlated_topk_argmax(w, 2), "w")
-    + _int_cases(lambda k: St.correlated_topk_argmax(V, k), "k", 0, 4),
-    "correlated_topk_log_partition": _score_cases(
+    "correlated_topk_argmax": score_cases(lambda w: St.correlated_topk_argmax(w, 2), "w")
+    + int_cases(lambda k: St.correlated_topk_argmax(V, k), "k", 0, 4),
+    "correlated_topk_log_partition": score_cases(
         lambda w: St.correlated_topk_log_partition(w, 2), "w")
-    + _int_cases(lambda k: St.correlated_topk_log_partition(V, k), "k", 0, 4)
-    + _tau_cases(lambda t: St.correlated_topk_log_partition(V, 2, tau=t)),
-    "correlated_topk_marginals": _score_cases(lambda w: St.correlated_topk_marginals(w, 2), "w")
-    + _int_cases(lambda k: St.correlated_topk_marginals(V, k), "k", 0, 4)
-    + _tau_cases(lambda t: St.correlated_topk_marginals(V, 2, tau=t))
+    + int_cases(lambda k: St.correlated_topk_log_partition(V, k), "k", 0, 4)
+    + tau_cases(lambda t: St.correlated_topk_log_partition(V, 2, tau=t)),
+    "correlated_topk_marginals": score_cases(lambda w: St.correlated_topk_marginals(w, 2), "w")
+    + int_cases(lambda k: St.correlated_topk_marginals(V, k), "k", 0, 4)
+    + tau_cases(lambda t: St.correlated_topk_marginals(V, 2, tau=t))
     + [Case("even n", lambda: St.correlated_topk_marginals(torch.randn(3, 4, dtype=F64), 1),
             "odd")],
-    "sample_correlated_topk": _score_cases(lambda w: St.sample_correlated_topk(w, 2), "w")
-    + _int_cases(lambda k: St.sample_correlated_topk(V, k), "k", 0, 4)
-    + _tau_cases(lambda t: St.sample_correlated_topk(V, 2, tau=t))
+    "sample_correlated_topk": score_cases(lambda w: St.sample_correlated_topk(w, 2), "w")
+    + int_cases(lambda k: St.sample_correlated_topk(V, k), "k", 0, 4)
+    + tau_cases(lambda t: St.sample_correlated_topk(V, 2, tau=t))
     + [Case("n_samples 0", lambda: St.sample_correlated_topk(V, 2, n_samples=0), "n_samples")],
-    "SpanningTrees": [Case("validate non-square", lambda: St.SpanningTrees().validate(
-        torch.randn(2, 3, 4, dtype=F64)), "w")],
-    "Arborescences": _int_cases(lambda r: St.Arborescences(r), "root", -1),
-    "spanning_tree_marginals": _score_cases(St.spanning_tree_marginals, "w", matrix=True)
-    + _tau_cases(lambda t: St.spanning_tree_marginals(S, tau=t)),
-    "spanning_tree_log_partition": _score_cases(St.spanning_tree_log_partition, "w",
+    "spanning_tree_marginals": score_cases(St.spanning_tree_marginals, "w", matrix=True)
+    + tau_cases(lambda t: St.spanning_tree_marginals(S, tau=t)),
+    "spanning_tree_log_partition": score_cases(St.spanning_tree_log_partition, "w",
                                                 matrix=True),
-    "max_spanning_tree": _score_cases(St.max_spanning_tree, "w", matrix=True),
-    "arborescence_marginals": _score_cases(St.arborescence_marginals, "w", matrix=True)
-    + _int_cases(lambda r: St.arborescence_marginals(S, root=r), "root", -1, 4)
+    "max_spanning_tree": score_cases(St.max_spanning_tree, "w", matrix=True),
+    "arborescence_marginals": score_cases(St.arborescence_marginals, "w", matrix=True)
+    + int_cases(lambda r: St.arborescence_marginals(S, root=r), "root", -1, 4)
     + [Case("root None", lambda: St.arborescence_marginals(S, root=None), "root")],
-    "arborescence_log_partition": _score_cases(St.arborescence_log_partition, "w", matrix=True)
-    + _int_cases(lambda r: St.arborescence_log_partition(S, root=r), "root", -1, 4),
-    "max_arborescence": _score_cases(St.max_arborescence, "w", matrix=True)
-    + _int_cases(lambda r: St.max_arborescence(S, root=r), "root", -1, 4),
-    "sample_spanning_tree": _score_cases(St.sample_spanning_tree, "w", matrix=True) + [
+    "arborescence_log_partition": score_cases(St.arborescence_log_partition, "w", matrix=True)
+    + int_cases(lambda r: St.arborescence_log_partition(S, root=r), "root", -1, 4),
+    "max_arborescence": score_cases(St.max_arborescence, "w", matrix=True)
+    + int_cases(lambda r: St.max_arborescence(S, root=r), "root", -1, 4),
+    "sample_spanning_tree": score_cases(St.sample_spanning_tree, "w", matrix=True) + [
         Case("unknown method", lambda: St.sample_spanning_tree(S, method="kruskal"), "method")],
-    "sample_arborescence": _score_cases(St.sample_arborescence, "w", matrix=True)
-    + _int_cases(lambda r: St.sample_arborescence(S, root=r), "root", -1, 4),
+    "sample_arborescence": score_cases(St.sample_arborescence, "w", matrix=True)
+    + int_cases(lambda r: St.sample_arborescence(S, root=r), "root", -1, 4),
     # distributions -----------------------------------------------------------------------
-    "PerturbedStructure": _score_cases(
+    "PerturbedStructure": score_cases(
         lambda x: distributions.PerturbedStructure(x, perturb.Simplex()), "logits")
-    + _tau_cases(lambda t: distributions.PerturbedStructure(V, perturb.Simplex(), tau=t)) + [
+    + tau_cases(lambda t: distributions.PerturbedStructure(V, perturb.Simplex(), tau=t)) + [
         Case("structure not a Structure", lambda: distributions.PerturbedStructure(
             V, "simplex"), "structure"),
         Case("noise not a Noise", lambda: distributions.PerturbedStructure(
@@ -438,9 +351,9 @@ CATALOGUE: dict[str, list[Case]] = {
             V, perturb.Simplex()).cross_entropy(distributions.KSubsetDistribution(V, 2)),
             "other"),
     ],
-    "RelaxedPerturbedStructure": _score_cases(
+    "RelaxedPerturbedStructure": score_cases(
         lambda x: distributions.RelaxedPerturbedStructure(x, perturb.Simplex()), "logits")
-    + _tau_cases(lambda t: distributions.RelaxedPerturbedStructure(V, perturb.Simplex(), tau=t))
+    + tau_cases(lambda t: distributions.RelaxedPerturbedStructure(V, perturb.Simplex(), tau=t))
     + [
         Case("noise a class", lambda: distributions.RelaxedPerturbedStructure(
             V, perturb.Simplex(), perturb.Normal), "Normal\\(\\)"),
@@ -465,9 +378,9 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("mean", lambda: distributions.RelaxedPerturbedStructure(
             V, perturb.Simplex()).mean, "closed form", NotImplementedError),
     ],
-    "KSubsetDistribution": _score_cases(lambda x: distributions.KSubsetDistribution(x, 2),
+    "KSubsetDistribution": score_cases(lambda x: distributions.KSubsetDistribution(x, 2),
                                         "logits")
-    + _int_cases(lambda k: distributions.KSubsetDistribution(V, k), "k", 0, 6) + [
+    + int_cases(lambda k: distributions.KSubsetDistribution(V, k), "k", 0, 6) + [
         Case("fewer than k unmasked", lambda: distributions.KSubsetDistribution(
             torch.tensor([0.0, -math.inf, -math.inf], dtype=F64), 2), "logits"),
         Case("log_prob outside the support", lambda: distributions.KSubsetDistribution(
@@ -480,16 +393,16 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("cross_entropy against a tree family", lambda: distributions.KSubsetDistribution(
             V, 2).cross_entropy(distributions.SpanningTreeDistribution(S)), "other"),
     ],
-    "SpanningTreeDistribution": _score_cases(distributions.SpanningTreeDistribution,
+    "SpanningTreeDistribution": score_cases(distributions.SpanningTreeDistribution,
                                              "logits", matrix=True) + [
         Case("log_prob outside the support", lambda: distributions.SpanningTreeDistribution(
             S).log_prob(torch.ones(4, 4, dtype=F64)), "support"),
         Case("disconnected graph", lambda: distributions.SpanningTreeDistribution(
             torch.full((3, 3), -math.inf, dtype=F64)).partition, "disconnected"),
     ],
-    "ArborescenceDistribution": _score_cases(distributions.ArborescenceDistribution,
+    "ArborescenceDistribution": score_cases(distributions.ArborescenceDistribution,
                                              "logits", matrix=True)
-    + _int_cases(lambda r: distributions.ArborescenceDistribution(S, root=r), "root", -1, 4) + [
+    + int_cases(lambda r: distributions.ArborescenceDistribution(S, root=r), "root", -1, 4) + [
         Case("log_prob outside the support", lambda: distributions.ArborescenceDistribution(
             S).log_prob(torch.eye(4, dtype=F64)), "support")],
     # boxes -------------------------------------------------------------------------------
@@ -504,20 +417,20 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("reshape to another count", lambda: BOX.reshape(5), "batch_shape"),
     ],
     "join": _box_cases(lambda a: boxes.join(a, BOX), "a"),
-    "volume": _box_cases(boxes.volume, "box") + _tau_cases(
+    "volume": _box_cases(boxes.volume, "box") + tau_cases(
         lambda b: boxes.volume(BOX, beta=b), "beta") + [
         Case("unknown method", lambda: boxes.volume(BOX, method="fuzzy"), "method"),
         Case("tau enlarging the batch", lambda: boxes.volume(BOX, beta=torch.ones(3, 1)),
              "beta")],
-    "gumbel_side_length": _tau_cases(lambda b: boxes.gumbel_side_length(LOWER, UPPER, b),
+    "gumbel_side_length": tau_cases(lambda b: boxes.gumbel_side_length(LOWER, UPPER, b),
                                      "beta") + [
         Case("int corners", lambda: boxes.gumbel_side_length(LOWER.long(), UPPER.long()),
              "lower"),
         Case("NaN corner", lambda: boxes.gumbel_side_length(LOWER, UPPER + math.nan), "upper")],
-    "log_gumbel_side_length": _tau_cases(
+    "log_gumbel_side_length": tau_cases(
         lambda b: boxes.log_gumbel_side_length(LOWER, UPPER, b), "beta"),
     "intersection": _box_cases(lambda a: boxes.intersection(a, BOX), "a")
-    + _tau_cases(lambda b: boxes.intersection(BOX, BOX, beta=b), "beta") + [
+    + tau_cases(lambda b: boxes.intersection(BOX, BOX, beta=b), "beta") + [
         Case("beta tensor that does not broadcast", lambda: boxes.intersection(
             BOX, BOX, beta=torch.ones(5)), "beta"),
     ],
@@ -534,7 +447,7 @@ CATALOGUE: dict[str, list[Case]] = {
             BOX, boxes.Box(torch.zeros(5, dtype=F64), torch.ones(5, dtype=F64))), "dim"),
     ],
     "containment_prob": _box_cases(lambda a: boxes.containment_prob(a, BOX), "a")
-    + _tau_cases(lambda b: boxes.containment_prob(BOX, BOX, beta=b), "beta") + [
+    + tau_cases(lambda b: boxes.containment_prob(BOX, BOX, beta=b), "beta") + [
         Case("beta tensor that does not broadcast", lambda: boxes.containment_prob(
             BOX, BOX, beta=torch.ones(5)), "beta"),
         Case("noise with beta", lambda: boxes.containment_prob(
@@ -554,8 +467,8 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("beta tensor that does not broadcast", lambda: boxes.overlap(
             BOX, BOX, beta=torch.ones(5)), "beta"),
     ],
-    "BoxEmbedding": _int_cases(lambda n: boxes.BoxEmbedding(n, 3), "num_entities", 0)
-    + _int_cases(lambda d: boxes.BoxEmbedding(5, d), "dim", 0) + [
+    "BoxEmbedding": int_cases(lambda n: boxes.BoxEmbedding(n, 3), "num_entities", 0)
+    + int_cases(lambda d: boxes.BoxEmbedding(5, d), "dim", 0) + [
         Case("unknown parameterisation", lambda: boxes.BoxEmbedding(
             5, 3, parameterisation="corners"), "parameterisation")] + [
         Case("a device that does not exist", lambda: boxes.BoxEmbedding(5, 3, device="bogus"),
@@ -579,7 +492,7 @@ CATALOGUE: dict[str, list[Case]] = {
             torch.tensor([[0, 1]]), 5, generator="x"), "generator"),
     ],
     "log1mexp": [Case("x > 0", lambda: boxes.log1mexp(torch.tensor([0.5])), "x")],
-    "BoxHierarchyModel": _int_cases(lambda n: boxes.BoxHierarchyModel(n, 3), "num_nodes", 0)
+    "BoxHierarchyModel": int_cases(lambda n: boxes.BoxHierarchyModel(n, 3), "num_nodes", 0)
     + [Case("unknown method", lambda: boxes.BoxHierarchyModel(4, 3, method="soft2"), "method"),
        Case("a noise name", lambda: boxes.BoxHierarchyModel(4, 3, "gaussian"), "noise must be"),
        Case("a bounded noise", lambda: boxes.BoxHierarchyModel(4, 3, perturb.Uniform()),
@@ -633,25 +546,25 @@ CATALOGUE: dict[str, list[Case]] = {
             torch.tensor([0.5, 0.5], dtype=F64), perturb.Gumbel(), init=[0.0]), "init"),
     ],
     # nn ----------------------------------------------------------------------------------
-    "StochasticSoftmax": _tau_cases(lambda t: nn.StochasticSoftmax(tau=t)) + [
+    "StochasticSoftmax": tau_cases(lambda t: nn.StochasticSoftmax(tau=t)) + [
         Case("unknown eval_mode", lambda: nn.StochasticSoftmax(eval_mode="x"), "eval_mode")],
-    "GumbelSoftmax": _tau_cases(lambda t: nn.GumbelSoftmax(tau=t)),
-    "Sparsemax": _tau_cases(lambda t: nn.Sparsemax(tau=t)) + [
+    "GumbelSoftmax": tau_cases(lambda t: nn.GumbelSoftmax(tau=t)),
+    "Sparsemax": tau_cases(lambda t: nn.Sparsemax(tau=t)) + [
         Case("dim not an int", lambda: nn.Sparsemax(dim=1.5), "dim")],
     "SparsemaxLoss": [
         Case("unknown reduction", lambda: nn.SparsemaxLoss(reduction="avg"), "reduction"),
         Case("ignore_index not an int", lambda: nn.SparsemaxLoss(ignore_index=0.5),
              "ignore_index")],
-    "GaussianSoftmax": _tau_cases(lambda t: nn.GaussianSoftmax(tau=t)) + [
+    "GaussianSoftmax": tau_cases(lambda t: nn.GaussianSoftmax(tau=t)) + [
         Case("deprecated sigma 0 names sigma", _quiet(lambda: nn.GaussianSoftmax(sigma=0.0)),
              "sigma"),
     ],
-    "ConstantSchedule": _tau_cases(lambda t: nn.ConstantSchedule(t)),
-    "ExponentialSchedule": _tau_cases(lambda t: nn.ExponentialSchedule(tau0=t), "tau0"),
-    "LinearSchedule": _tau_cases(lambda t: nn.LinearSchedule(tau0=t), "tau0")
-    + _int_cases(lambda n: nn.LinearSchedule(n_steps=n), "n_steps", 0),
+    "ConstantSchedule": tau_cases(lambda t: nn.ConstantSchedule(t)),
+    "ExponentialSchedule": tau_cases(lambda t: nn.ExponentialSchedule(tau0=t), "tau0"),
+    "LinearSchedule": tau_cases(lambda t: nn.LinearSchedule(tau0=t), "tau0")
+    + int_cases(lambda n: nn.LinearSchedule(n_steps=n), "n_steps", 0),
     # latent ------------------------------------------------------------------------------
-    "CategoricalVAE": _int_cases(lambda n: latent.CategoricalVAE(n_latents=n), "n_latents", 0),
+    "CategoricalVAE": int_cases(lambda n: latent.CategoricalVAE(n_latents=n), "n_latents", 0),
     "IVAE": [
         Case("obs_scale 0", lambda: latent.IVAE(4, 2, 3, obs_scale=0.0), "obs_scale"),
         Case("obs_scale < 0", lambda: latent.IVAE(4, 2, 3, obs_scale=-1.0), "obs_scale"),
@@ -662,12 +575,12 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("deprecated temperature < 0 names temperature", _quiet(
             lambda: latent.IVAE(4, 2, 3, temperature=-1.0)), "temperature"),
     ],
-    "SubsetSelector": _int_cases(lambda k: latent.SubsetSelector(5, k, 2), "k", 0, 6),
+    "SubsetSelector": int_cases(lambda k: latent.SubsetSelector(5, k, 2), "k", 0, 6),
     "make_nonlinear_ica": [
         Case("obs_noise < 0", lambda: latent.make_nonlinear_ica(obs_noise=-1.0), "obs_noise"),
         Case("slope NaN", lambda: latent.make_nonlinear_ica(slope=math.nan), "slope"),
     ],
-    "perturbed_binary": _score_cases(lambda x: latent.perturbed_binary(x, 0.5), "logits")[:4]
+    "perturbed_binary": score_cases(lambda x: latent.perturbed_binary(x, 0.5), "logits")[:4]
     + [Case("tau < 0", lambda: latent.perturbed_binary(V, -1.0), "tau")] + [
         Case("deprecated temperature < 0 names temperature", _quiet(
             lambda: latent.perturbed_binary(V, temperature=-1.0)), "temperature"),
@@ -684,9 +597,9 @@ CATALOGUE: dict[str, list[Case]] = {
     "mean_corr_coef": [
         Case("unknown method", lambda: latent.mean_corr_coef(V, V, method="kendall"),
              "method")],
-    "GraphLayoutVAE": _int_cases(lambda n: latent.GraphLayoutVAE(n), "n_nodes", 2)
-    + _int_cases(lambda t: latent.GraphLayoutVAE(5, n_steps=t), "n_steps", 0)
-    + _tau_cases(lambda t: latent.GraphLayoutVAE(5, tau=t))
+    "GraphLayoutVAE": int_cases(lambda n: latent.GraphLayoutVAE(n), "n_nodes", 2)
+    + int_cases(lambda t: latent.GraphLayoutVAE(5, n_steps=t), "n_steps", 0)
+    + tau_cases(lambda t: latent.GraphLayoutVAE(5, tau=t))
     + [Case("unknown latent", lambda: latent.GraphLayoutVAE(5, latent="dag"), "latent"),
        Case("obs_scale 0", lambda: latent.GraphLayoutVAE(5, obs_scale=0.0), "obs_scale"),
        Case("hard not bool", lambda: latent.GraphLayoutVAE(5, hard=1), "hard"),
@@ -694,13 +607,13 @@ CATALOGUE: dict[str, list[Case]] = {
            torch.zeros(3, 4, 5, 2)), "traj"),
        Case("theta wrong size", lambda: latent.GraphLayoutVAE(5).sample_graph(
            torch.zeros(3, 9)), "theta")],
-    "random_trees": _int_cases(lambda n: latent.random_trees(3, n), "n_nodes", 1)
+    "random_trees": int_cases(lambda n: latent.random_trees(3, n), "n_nodes", 1)
     + [Case("n_trees < 0", lambda: latent.random_trees(-1), "n_trees")],
-    "make_graph_layout": _int_cases(lambda t: latent.make_graph_layout(2, 4, t), "n_steps", 0)
-    + _int_cases(lambda n: latent.make_graph_layout(2, n), "n_nodes", 1),
-    "force_directed_layout": _score_cases(
+    "make_graph_layout": int_cases(lambda t: latent.make_graph_layout(2, 4, t), "n_steps", 0)
+    + int_cases(lambda n: latent.make_graph_layout(2, n), "n_nodes", 1),
+    "force_directed_layout": score_cases(
         lambda p: latent.force_directed_layout(torch.zeros(3, 5, 5), p, 2), "pos")[:4]
-    + _int_cases(lambda t: latent.force_directed_layout(torch.zeros(3, 5, 5),
+    + int_cases(lambda t: latent.force_directed_layout(torch.zeros(3, 5, 5),
                                                         torch.zeros(3, 5, 2), t), "n_steps", 0)
     + [Case("adjacency of the wrong size", lambda: latent.force_directed_layout(
            torch.zeros(3, 4, 4), torch.zeros(3, 5, 2), 2), "adjacency"),
@@ -708,14 +621,14 @@ CATALOGUE: dict[str, list[Case]] = {
            NAN_S, torch.zeros(2, 4, 2), 2), "adjacency"),
        Case("k <= 0", lambda: latent.force_directed_layout(
            torch.zeros(3, 5, 5), torch.zeros(3, 5, 2), 2, k=0.0), "k")],
-    "gumbel_kl": _score_cases(latent.gumbel_kl, "theta"),
-    "edge_precision_recall": _score_cases(lambda e: latent.edge_precision_recall(e, S),
+    "gumbel_kl": score_cases(latent.gumbel_kl, "theta"),
+    "edge_precision_recall": score_cases(lambda e: latent.edge_precision_recall(e, S),
                                           "estimate", matrix=True)
     + [Case("truth of another shape", lambda: latent.edge_precision_recall(S, S[0]), "truth")],
-    "make_listops": _int_cases(lambda n: latent.make_listops(n), "n_examples", 0)
-    + _int_cases(lambda d: latent.make_listops(2, max_depth=d), "max_depth", 0)
-    + _int_cases(lambda a: latent.make_listops(2, max_args=a), "max_args", 1)
-    + _int_cases(lambda m: latent.make_listops(2, max_length=m), "max_length", 3)
+    "make_listops": int_cases(lambda n: latent.make_listops(n), "n_examples", 0)
+    + int_cases(lambda d: latent.make_listops(2, max_depth=d), "max_depth", 0)
+    + int_cases(lambda a: latent.make_listops(2, max_args=a), "max_args", 1)
+    + int_cases(lambda m: latent.make_listops(2, max_length=m), "max_length", 3)
     + [Case("leaf_prob > 1", lambda: latent.make_listops(2, leaf_prob=1.5), "leaf_prob"),
        Case("leaf_prob NaN", lambda: latent.make_listops(2, leaf_prob=math.nan), "leaf_prob")],
     "LatentListOpsModel": [
@@ -724,7 +637,7 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("tau 0", lambda: latent.LatentListOpsModel(tau=0.0), "tau"),
         Case("gold without heads", lambda: latent.LatentListOpsModel("gold")(
             torch.zeros(1, 4, dtype=torch.long), torch.tensor([4])), "gold heads"),
-    ] + _int_cases(lambda r: latent.LatentListOpsModel(n_rounds=r), "n_rounds", 0),
+    ] + int_cases(lambda r: latent.LatentListOpsModel(n_rounds=r), "n_rounds", 0),
     "gold_arborescence": [
         Case("float heads", lambda: latent.gold_arborescence(V), "heads"),
         Case("head out of range", lambda: latent.gold_arborescence(torch.tensor([[-1, 2]])),
@@ -761,6 +674,19 @@ NOTHING_TO_VALIDATE = {
     "TemperatureSchedule": "abstract base class",
     "GibbsDistribution": "abstract base class (its families are catalogued)",
 }
+
+
+
+def _structure_cases(name: str) -> list[Case]:
+    """A structure's cases come from its spec (tests/_specs.py): the generated scores and τ
+    cases of ``example`` and the cases of its own arguments."""
+    structure, event = SPECS[name].example()
+    return structure_cases(structure, event) + SPECS[name].bad_inputs()
+
+
+for _name in SPECS:
+    assert _name not in CATALOGUE, f"{_name}: its cases belong in its spec in tests/_specs.py"
+    CATALOGUE[_name] = _structure_cases(_name)
 
 PUBLIC = _public_callables()
 ALL_CASES = [(name, case) for name, cases in CATALOGUE.items() for case in cases]

@@ -1,7 +1,8 @@
 """Every supported pair's DEFAULT gradient against an independent reference, driven by the registry.
 
 For each supported pair of :func:`perturb.registered_pairs` (a pair registered later is picked up
-automatically and fails until it has an entry in ``REFERENCES``), the gradient of a random linear
+automatically and fails until its structure's spec in tests/_specs.py names a reference for it in
+``gradients.references``), the gradient of a random linear
 loss ⟨C, y⟩ with ``y = regularized_argmax(w, structure, regularizer, tau)`` — default settings:
 ``backward="auto"``, the structure built with its default solver arguments — is taken w.r.t. the
 scores w and w.r.t. a tensor temperature τ (one shared τ or one per problem) and compared with
@@ -15,7 +16,7 @@ scores w and w.r.t. a tensor temperature τ (one shared τ or one per problem) a
 All in float64, over random shapes (batch dims, n, k, root) and temperatures drawn by hypothesis.
 The claim for Sinkhorn (default tol = 1e-6) is "accurate whenever the forward reports
 convergence": an example whose default forward raises a SinkhornConvergenceWarning is rejected
-(rare for τ ≥ 0.3 and unit-scale scores, see CASES); any other SinkhornConvergenceWarning (the
+(rare for τ ≥ 0.3 and unit-scale scores, see the Permutations spec); any other SinkhornConvergenceWarning (the
 converged reference's) is an error. This file exists because the default implicit Sinkhorn
 gradient was once 66% off while the forward reported convergence.
 
@@ -36,16 +37,9 @@ from hypothesis import strategies as st
 import perturb
 from perturb import regularized_argmax, registered_pairs
 from perturb import regularizers as regs
-from perturb.structured import (
-    Arborescences,
-    CorrelatedKSubset,
-    KSubset,
-    Permutations,
-    Transport,
-    SinkhornConvergenceWarning,
-    SpanningTrees,
-)
-from perturb.structures import Simplex
+from perturb.structured import SinkhornConvergenceWarning
+
+from _specs import SPECS
 
 DTYPE = torch.float64
 PAIRS = registered_pairs()
@@ -61,73 +55,32 @@ def _ids(pairs):
 # the cases: how to draw a structure (default solver arguments) and its problem sizes
 # --------------------------------------------------------------------------------------------
 
-#: per structure type: (largest n, smallest τ, draw(data, n) -> structure with DEFAULT settings).
-#: n is capped where brute-force enumeration (trees: n^(n−2)) or the n² finite differences
-#: (Permutations) stay cheap. Sinkhorn's default (tol = 1e-6, n_iters = 1000) does not always
-#: converge for unit-scale scores at τ = 0.3 (about 5% of 2 x 2 problems, 0.5% of 6 x 6 ones,
-#: fewer as τ grows): such an example warns, and is rejected, since the claim under test is
-#: "the default gradient is accurate whenever the default forward reports convergence".
-CASES = {
-    "Simplex": (8, 0.2, lambda data, n: Simplex()),
-    "KSubset": (8, 0.2, lambda data, n: KSubset(data.draw(st.integers(1, n), label="k"))),
-    "Permutations": (6, 0.3, lambda data, n: Permutations()),
-    # n x (n + 1) plans with drawn positive masses (see _transport)
-    "Transport": (5, 0.3, lambda data, n: _transport(data, n)),
-    "SpanningTrees": (6, 0.2, lambda data, n: SpanningTrees()),
-    "Arborescences": (6, 0.2, lambda data, n: Arborescences(
-        data.draw(st.integers(0, n - 1), label="root"))),
-    # n is the number of items d here; the scores have 2d − 1 entries (see _event)
-    "CorrelatedKSubset": (6, 0.2, lambda data, n: CorrelatedKSubset(
-        data.draw(st.integers(1, n), label="k"))),
-}
 TAU_MAX = 2.0
-#: hypothesis examples per pair (default 60): the file runs in 10-15 s on 2 CPU cores.
-MAX_EXAMPLES = {"Permutations": 30, "Transport": 30}
-
-#: the tightly converged twin of a default structure, for finite differences of its forward.
-CONVERGED = {
-    "Permutations": lambda s: Permutations(n_iters=100_000, tol=1e-13),
-    "Transport": lambda s: Transport(s.a, s.b, n_iters=100_000, tol=1e-13),
-}
-
-
-def _transport(data, n):
-    """Transport(a, b) with default solver settings: masses in [0.2, 1.2), b rescaled to Σa."""
-    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**32 - 1), label="masses"))
-    a = 0.2 + torch.rand(n, dtype=DTYPE, generator=gen)
-    b = 0.2 + torch.rand(n + 1, dtype=DTYPE, generator=gen)
-    return Transport(a, b * a.sum() / b.sum())
 
 
 def _case(name):
-    if name not in CASES:
-        pytest.fail(f"no default-gradient case for structure {name!r}: add one to CASES in {HERE}")
-    return CASES[name]
-
-
-def _event(structure, n):
-    if isinstance(structure, CorrelatedKSubset):
-        return (2 * n - 1,)                           # d = n unary and n − 1 pairwise scores
-    if isinstance(structure, Transport):
-        return structure.sizes                        # (n, n + 1)
-    return (n,) if structure.event_dim == 1 else (n, n)
+    """The structure's default-gradient case (``gradients`` of its spec in tests/_specs.py)."""
+    if name not in SPECS:
+        pytest.fail(f"no default-gradient case for structure {name!r}: add a spec to SPECS in "
+                    f"tests/_specs.py")
+    return SPECS[name].gradients
 
 
 def _draw_problem(data, name):
     """(structure, w, C, τ) with τ a tensor: 0-dim (shared) or one per problem."""
-    n_max, tau_min, make = _case(name)
-    n = data.draw(st.integers(2, n_max), label="n")
-    structure = make(data, n)
+    case = _case(name)
+    n = data.draw(st.integers(2, case.n_max), label="n")
+    structure = case.draw(data, n)
     batch = tuple(data.draw(st.lists(st.integers(1, 3), max_size=2), label="batch"))
     seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
     gen = torch.Generator().manual_seed(seed)
-    event = _event(structure, n)
+    event = SPECS[name].event(n)
     w = torch.randn(*batch, *event, dtype=DTYPE, generator=gen)
     c = torch.randn(*batch, *event, dtype=DTYPE, generator=gen)
     if batch and data.draw(st.booleans(), label="tau per problem"):
-        tau = tau_min + (TAU_MAX - tau_min) * torch.rand(batch, dtype=DTYPE, generator=gen)
+        tau = case.tau_min + (TAU_MAX - case.tau_min) * torch.rand(batch, dtype=DTYPE, generator=gen)
     else:
-        tau = torch.tensor(data.draw(st.floats(tau_min, TAU_MAX), label="tau"), dtype=DTYPE)
+        tau = torch.tensor(data.draw(st.floats(case.tau_min, TAU_MAX), label="tau"), dtype=DTYPE)
     return structure, w, c, tau
 
 
@@ -151,8 +104,7 @@ def _brute_force(structure, regularizer, w, c, tau):
     tau = tau.detach().requires_grad_()
     t = tau.reshape(*tau.shape, *([1] * ed))
     scores = ((w / t).unsqueeze(-ed - 1) * z).flatten(-ed).sum(-1)  # (*batch, V)
-    if isinstance(structure, SpanningTrees):
-        scores = scores / 2
+    scores = scores * _case(type(structure).__name__).gibbs_scale
     q = torch.softmax(scores, dim=-1)
     mu = (q.reshape(*q.shape, *([1] * ed)) * z).sum(-ed - 1)
     return torch.autograd.grad((c * mu).sum(), (w, tau))
@@ -179,7 +131,7 @@ def _finite_differences(structure, regularizer, w, c, tau):
     (resp. τ) is stepped in every problem at once: 2·(|event| + 1) batched solves. The capped
     solvers are piecewise smooth (entries clipped at 0 or 1): an example whose clipped set
     changes within the stencil is rejected (the derivative there is one-sided)."""
-    converged = CONVERGED.get(type(structure).__name__, lambda s: s)(structure)
+    converged = _case(type(structure).__name__).converged(structure)
     ed = structure.event_dim
     nb = w.ndim - ed
     batch = w.shape[:nb]
@@ -226,30 +178,22 @@ FD = (1e-6, 1e-9)       # 100x the FD errors: truncation δ² = 1e-10 relative, 
 #: marginals instead of the plan's, the bug this file was written for) (used ≤ 0.007).
 SINKHORN_DEFAULT = (2e-4, 1e-5)
 
-#: (structure, regularizer) -> (reference, (rtol, atol)). Every supported pair needs one.
-REFERENCES = {
-    ("Simplex", "Entropy"): (_softmax, EXACT),
-    ("Simplex", "ExpFamilyEntropy"): (_brute_force, EXACT),
-    ("Simplex", "SquaredNorm"): (_finite_differences, FD),
-    ("KSubset", "Entropy"): (_finite_differences, FD),
-    ("KSubset", "SquaredNorm"): (_finite_differences, FD),
-    ("KSubset", "BinaryEntropy"): (_finite_differences, FD),
-    ("KSubset", "ExpFamilyEntropy"): (_brute_force, EXACT),
-    ("Permutations", "Entropy"): (_finite_differences, SINKHORN_DEFAULT),
-    ("Transport", "Entropy"): (_finite_differences, SINKHORN_DEFAULT),
-    ("SpanningTrees", "ExpFamilyEntropy"): (_brute_force, EXACT),
-    ("Arborescences", "ExpFamilyEntropy"): (_brute_force, EXACT),
-    ("CorrelatedKSubset", "ExpFamilyEntropy"): (_brute_force, EXACT),
-}
+#: the names a spec's ``references`` use (tests/_specs.py, ``Gradients``)
+REFERENCES = {"brute_force": _brute_force, "softmax": _softmax,
+              "finite_differences": _finite_differences}
+TOLERANCES = {"exact": EXACT, "fd": FD, "sinkhorn_default": SINKHORN_DEFAULT}
 
 
 def _reference(pair):
-    key = (pair.structure, pair.regularizer)
-    if key not in REFERENCES:
-        pytest.fail(f"no reference for the default gradient of the supported pair {key}: add "
-                    f"one to REFERENCES in {HERE} (brute force over structure.enumerate, a "
-                    f"closed form, or finite differences of a converged forward)")
-    return REFERENCES[key]
+    """(reference, (rtol, atol)) of a supported pair, from its structure's spec."""
+    refs = _case(pair.structure).references
+    if pair.regularizer not in refs:
+        pytest.fail(f"no reference for the default gradient of the supported pair "
+                    f"{(pair.structure, pair.regularizer)}: add one to the references of its "
+                    f"spec in tests/_specs.py (brute force over structure.enumerate, a closed "
+                    f"form, or finite differences of a converged forward)")
+    reference, tol = refs[pair.regularizer]
+    return REFERENCES[reference], TOLERANCES[tol]
 
 
 def _tolerance_used(got, want, tol, natural_scale):
@@ -277,7 +221,7 @@ def test_default_gradient_matches_reference(pair):
     reference, tol = _reference(pair)
     regularizer = getattr(regs, pair.regularizer)()
 
-    @settings(max_examples=MAX_EXAMPLES.get(pair.structure, 60), deadline=None,
+    @settings(max_examples=_case(pair.structure).max_examples, deadline=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     @given(data=st.data())
     def check(data):

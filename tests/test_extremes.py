@@ -4,7 +4,8 @@ Hypothesis draws the scores (Gaussian ×1e4, or exact ties: ±1e4 and 0 only), t
 1000 for permutations, 200 for trees, through explicit examples) and the dtype; for every
 supported pair of :func:`perturb.registered_pairs` (a pair registered later is covered, and
 fails until its structure has a spec in tests/_specs.py) the relaxed output and the gradient of
-a linear loss must be finite and the output must satisfy its structure's linear constraints:
+a linear loss must be finite and the output must satisfy its structure's linear constraints
+(``constraints`` of its spec):
 
 - Simplex: entries in [0, 1], rows sum to 1;
 - KSubset(k): entries in [0, 1], rows sum to k;
@@ -25,27 +26,16 @@ accuracy of 1e-9 relative.
 """
 from __future__ import annotations
 
-import math
 import warnings
 
 import pytest
 import torch
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from perturb import registered_pairs, regularized_argmax
 from perturb import regularizers as regs
-from perturb.structured import (
-    Arborescences,
-    CorrelatedKSubset,
-    KSubset,
-    Permutations,
-    SinkhornConvergenceWarning,
-    SpanningTrees,
-    Transport,
-)
-from perturb.structured.permutations._sinkhorn import sinkhorn_iterate
-from perturb.structures import Simplex
+from perturb.structured import SinkhornConvergenceWarning
 
 from _specs import SPECS
 
@@ -75,78 +65,6 @@ def _scores(event, dtype, kind, seed, batch):
     return w.to(dtype)
 
 
-def _check_constraints(structure, w, y, warned):
-    eps = torch.finfo(y.dtype).eps
-    y64 = y.detach().double()
-    n = y.shape[-1]
-    slack = 4 * eps
-    upper = torch.ones((), dtype=torch.float64)
-    if isinstance(structure, (Permutations, Transport)):
-        if isinstance(structure, Transport):
-            a = structure.a.expand(*w.shape[:-1]).double()
-            b = structure.b.expand(*w.shape[:-2], w.shape[-1]).double()
-            upper = torch.minimum(a.unsqueeze(-1), b.unsqueeze(-2))
-        else:
-            a = b = torch.ones(w.shape[:-1], dtype=torch.float64)
-        sol = sinkhorn_iterate(w.double() / TAU, a, b, None, None, structure.n_iters,
-                               structure.tol)
-        # the exponent of an entry is rounded at the scale of |W|/τ: the floor in sol.tol
-        slack = float(sol.tol.max()) + 4 * eps * float(upper.max())
-    if isinstance(structure, (SpanningTrees, Arborescences)):
-        slack += 1e-9                      # their documented accuracy (below)
-    if isinstance(structure, Transport):
-        # y_ij <= min(row sum, column sum): the side that is not normalised last is within the
-        # marginal tolerance (or the error the solver warned of)
-        upper = upper + float((sol.error if warned else sol.tol).max())
-    below, above = float((-y64).max()), float((y64 - upper).max())
-    assert below <= slack and above <= slack, f"entries outside [0, 1] by {max(below, above):.3g}"
-
-    # the tree marginals come from a linear solve checked a posteriori to 1e-9 relative
-    # (docs/trees.md), not from a normalisation: that is their documented accuracy
-    solved = 1e-9 if isinstance(structure, (SpanningTrees, Arborescences)) else 0.0
-
-    def close(total, target, mass, extra=0.0):
-        err = (total - target).abs().max()
-        allowed = (4 * eps + solved + extra) * mass
-        assert err <= allowed, f"constraint off by {err:.3g} (allowed {allowed:.3g})"
-
-    if isinstance(structure, Simplex):
-        close(y64.sum(-1), 1.0, 1.0)
-    elif isinstance(structure, KSubset):
-        # the capped-simplex root (SquaredNorm, BinaryEntropy) stops at |Σx − k| ≤ 2 ε k log2 n
-        # in float64 (2 ε k in float32, its residual summed in float64): its documented
-        # accuracy (subsets/ksubsets.py, _capped_root), on top of the rounding of the sum
-        rooted = 2 * eps * (max(1.0, math.log2(n)) if y.dtype == torch.float64 else 1.0)
-        close(y64.sum(-1), float(structure.k), float(structure.k), rooted)
-    elif isinstance(structure, CorrelatedKSubset):
-        d = (n + 1) // 2
-        close(y64[..., :d].sum(-1), float(structure.k), float(structure.k))
-        # a pair is chosen only with both its items: μ_{d+j} ≤ min(μ_j, μ_{j+1})
-        both = torch.minimum(y64[..., :d - 1], y64[..., 1:d])
-        assert (y64[..., d:] <= both + slack).all(), "pair marginal above an item marginal"
-    elif isinstance(structure, (Permutations, Transport)):
-        rows = (y64.sum(-1) - a).abs().amax(-1)
-        cols = (y64.sum(-2) - b).abs().amax(-1)
-        # one side is exact (the last normalisation), the other within the tolerance used, or
-        # within the error the solver measured and warned about
-        allowed = (sol.error if warned else sol.tol).double() + 4 * eps
-        assert (torch.minimum(rows, cols) <= slack).all(), "neither side normalised"
-        assert (torch.maximum(rows, cols) <= allowed).all(), \
-            f"marginals off by {torch.maximum(rows, cols).max():.3g} > {allowed.max():.3g}"
-    elif isinstance(structure, SpanningTrees):
-        assert torch.equal(y64, y64.transpose(-1, -2))
-        assert (y64.diagonal(dim1=-2, dim2=-1) == 0).all()
-        close(y64.sum((-2, -1)), 2.0 * (n - 1), 2.0 * (n - 1))
-    elif isinstance(structure, Arborescences):
-        cols = y64.sum(-2)
-        root = structure.root
-        close(cols[..., root], 0.0, 1.0)
-        keep = torch.arange(n) != root
-        close(cols[..., keep], 1.0, 1.0)
-    else:
-        pytest.fail(f"no constraint check for {type(structure).__name__} in {HERE}")
-
-
 def _run(pair, n, dtype, kind, seed, batch=2):
     if pair.structure not in CASES:
         pytest.fail(f"no extreme-input case for structure {pair.structure!r}: add one to SPECS "
@@ -159,7 +77,7 @@ def _run(pair, n, dtype, kind, seed, batch=2):
         y = regularized_argmax(w, structure, getattr(regs, pair.regularizer)(), TAU)
     warned = any(issubclass(c.category, SinkhornConvergenceWarning) for c in caught)
     assert y.dtype == dtype and torch.isfinite(y).all(), "non-finite output"
-    _check_constraints(structure, w.detach(), y, warned)
+    SPECS[pair.structure].constraints(structure, w.detach(), TAU, y, warned)
     c = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=dtype)
     (grad,) = torch.autograd.grad((c * y).sum(), w)
     assert torch.isfinite(grad).all(), "non-finite gradient"
