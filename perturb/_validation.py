@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -202,15 +202,20 @@ def check_dim(x: torch.Tensor, dim: int, name: str = "dim") -> int:
     return dim % x.ndim
 
 
+def check_floating_tensor(x: Any, name: str) -> None:
+    """ValueError naming ``name`` unless ``x`` is a tensor of a floating dtype."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must have a floating dtype (float32/float64), got {x.dtype}; "
+                         f"convert with {name}.float()")
+
+
 def check_score_shape(w: torch.Tensor, name: str = "w", *, min_ndim: int = 1,
                       square: bool = False) -> None:
     """The structural half of :func:`check_scores` (type, dtype, ndim, square, a non-empty event:
     the last ``min_ndim`` dims); always runs."""
-    if not isinstance(w, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
-    if not w.is_floating_point():
-        raise ValueError(f"{name} must have a floating dtype (float32/float64), got {w.dtype}; "
-                         f"convert with {name}.float()")
+    check_floating_tensor(w, name)
     if w.ndim < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dims, got shape {tuple(w.shape)}")
     if square and w.shape[-1] != w.shape[-2]:

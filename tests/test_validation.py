@@ -309,3 +309,13 @@ def test_check_generator_and_device():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             check_device("cuda")
+
+
+def test_check_floating_tensor_names_the_argument():
+    from perturb._validation import check_floating_tensor
+    check_floating_tensor(torch.zeros(2), "x")                  # float32: accepted
+    check_floating_tensor(torch.zeros(2, dtype=torch.float16), "x")
+    with pytest.raises(ValueError, match=r"lower must be a torch.Tensor, got list"):
+        check_floating_tensor([0.0], "lower")
+    with pytest.raises(ValueError, match=r"lower must have a floating dtype .*lower.float\(\)"):
+        check_floating_tensor(torch.zeros(2, dtype=torch.int64), "lower")

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from perturb._math import nan_to_
-from perturb._validation import check_tau, check_value, validation_enabled
+from perturb._validation import check_floating_tensor, check_tau, check_value, validation_enabled
 
 __all__ = ["Box", "join"]
 
@@ -33,11 +33,7 @@ __all__ = ["Box", "join"]
 def _check_corner(x: Any, name: str, min_ndim: int = 1) -> None:
     """A floating tensor of at least ``min_ndim`` dims without NaN (the value check while
     validation is on, through :func:`~perturb._validation.check_value`)."""
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise ValueError(f"{name} must have a floating dtype (float32/float64), got {x.dtype}; "
-                         f"convert with {name}.float()")
+    check_floating_tensor(x, name)
     if x.ndim < min_ndim:
         raise ValueError(f"{name} must have shape (*batch, d) with at least one dim, "
                          f"got a 0-dim tensor")

@@ -6,18 +6,10 @@ import torch
 from perturb.structured import sinkhorn
 from perturb.structured.permutations._sinkhorn_vjp import sinkhorn_vjp
 
+from _draws import marginals as _marginals
+from _draws import randn as _randn
+
 F64 = torch.float64
-
-
-def _randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
-
-
-def _marginals(n, m, batch=(), seed=0):
-    """Positive marginals (a, b) of equal mass."""
-    g = torch.Generator().manual_seed(seed)
-    a, b = (torch.rand(*batch, k, generator=g, dtype=F64) + 0.5 for k in (n, m))
-    return a, b * a.sum(-1, keepdim=True) / b.sum(-1, keepdim=True)
 
 
 def test_vjp_is_symmetric():

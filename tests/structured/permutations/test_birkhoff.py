@@ -13,11 +13,9 @@ from scipy.optimize import linear_sum_assignment
 import perturb
 from perturb.structured import Permutations, matching, sinkhorn
 
+from _draws import randn as _randn
+
 F64 = torch.float64
-
-
-def _randn(*shape, seed=0, dtype=F64):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
 def test_matching_equals_scipy_emd_and_brute_force():

@@ -16,18 +16,10 @@ import perturb
 from perturb.structured import gumbel_sinkhorn, matching, sinkhorn
 from perturb.structured.permutations import SinkhornConvergenceWarning
 
+from _draws import marginals as _marginals
+from _draws import randn as _randn
+
 F64 = torch.float64
-
-
-def _randn(*shape, seed=0, dtype=F64):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-
-
-def _marginals(n, m, batch=(), seed=0):
-    g = torch.Generator().manual_seed(seed)
-    a = torch.rand(*batch, n, generator=g, dtype=F64) + 0.5
-    b = torch.rand(*batch, m, generator=g, dtype=F64) + 0.5
-    return a, b * a.sum(-1, keepdim=True) / b.sum(-1, keepdim=True)
 
 
 def _project(ga, gb):

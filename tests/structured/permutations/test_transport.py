@@ -16,11 +16,9 @@ import perturb
 from perturb import Gumbel, regularized_argmax, relax
 from perturb.structured import Permutations, Transport, matching, sinkhorn
 
+from _draws import randn as _randn
+
 F64 = torch.float64
-
-
-def _randn(*shape, seed=0, dtype=F64):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
 def _marginals(n, m, batch=(), seed=0, zeros=False):
