@@ -1,0 +1,148 @@
+"""The library's hot paths timed at two git revisions, interleaved: does a change regress speed?
+
+    python -m bench.compare_revisions BEFORE [AFTER] [--repeat 15] [--threads 1]
+
+Each revision is checked out into a temporary git worktree and imported by its own worker
+process (two versions of ``perturb`` cannot share one interpreter). The driver asks the two
+workers in turn (A, B, B, A, ...) to time one call of each case, so that load on the machine falls
+on both alike, and prints the medians and their ratio AFTER / BEFORE as a Markdown table.
+``AFTER`` defaults to the working tree. The cases call only public functions whose signatures
+have not changed since the library's first release of each family, with fixed seeds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# The worker: builds every case once, then times one call per request ("name" on stdin ->
+# milliseconds on stdout). Forward and backward where the case trains through the result.
+_WORKER = r'''
+import json, sys, time
+import torch
+torch.set_num_threads(int(sys.argv[1]))
+torch.set_flush_denormal(True)
+import perturb
+from perturb import structured as st
+from perturb.boxes import Box, log_containment_prob
+
+def g(seed):
+    return torch.Generator().manual_seed(seed)
+
+def fwd_bwd(make, x):
+    def run():
+        x.grad = None
+        y = make(x)
+        y.backward(torch.ones_like(y))
+    return run
+
+w1 = torch.randn(256, 1000, generator=g(0)).requires_grad_()
+perm = torch.randn(32, 128, 128, generator=g(1))
+perm64 = torch.randn(8, 64, 64, generator=g(2), dtype=torch.float64).requires_grad_()
+arb = torch.randn(16, 64, 64, generator=g(3), dtype=torch.float64).requires_grad_()
+span = torch.randn(16, 64, 64, generator=g(4), dtype=torch.float64)
+span = (span + span.transpose(-1, -2)).requires_grad_()
+lo = torch.rand(2816, 10, generator=g(5))
+side = 0.1 + 0.4 * torch.rand(2816, 10, generator=g(6))
+corners = torch.cat([lo, lo + side], -1).requires_grad_()
+ent = perturb.ExpFamilyEntropy()
+
+def boxes(x):
+    a = Box(x[:1408, :10], x[:1408, 10:])
+    b = Box(x[1408:, :10], x[1408:, 10:])
+    return log_containment_prob(a, b, beta=0.1).sum()
+
+CASES = {
+    "relax Simplex Gumbel 256x1000 f32 fwd+bwd":
+        fwd_bwd(lambda x: perturb.relax(x, perturb.Simplex(), perturb.Gumbel(), tau=0.5,
+                                        generator=g(7)), w1),
+    "relaxed_topk Entropy 256x1000 k=10 f32 fwd+bwd":
+        fwd_bwd(lambda x: st.relaxed_topk(x, 10), w1),
+    "relaxed_topk ExpFamilyEntropy 256x1000 k=10 f32 fwd+bwd":
+        fwd_bwd(lambda x: st.relaxed_topk(x, 10, regularizer=ent), w1),
+    "sinkhorn 32x128x128 f32 tau=0.2 fwd": lambda: st.sinkhorn(perm, tau=0.2),
+    "sinkhorn 8x64x64 f64 tau=0.2 fwd+bwd": fwd_bwd(lambda x: st.sinkhorn(x, tau=0.2), perm64),
+    "arborescence_marginals 16x64x64 f64 fwd+bwd":
+        fwd_bwd(lambda x: st.arborescence_marginals(x), arb),
+    "spanning_tree_marginals 16x64x64 f64 fwd+bwd":
+        fwd_bwd(lambda x: st.spanning_tree_marginals(x), span),
+    "Gumbel box log P(b in a) 1408 pairs d=10 f32 fwd+bwd": fwd_bwd(boxes, corners),
+}
+for fn in CASES.values():          # warm-up (allocator, lazy imports, first-call paths)
+    fn(); fn()
+print(json.dumps(list(CASES)), flush=True)
+for line in sys.stdin:
+    fn = CASES[line.strip()]
+    t0 = time.perf_counter()
+    fn()
+    print((time.perf_counter() - t0) * 1e3, flush=True)
+'''
+
+
+def _worktree(rev: str, tmp: pathlib.Path) -> pathlib.Path:
+    path = tmp / rev.replace("/", "_")
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(path), rev],
+                   check=True)
+    return path
+
+
+def _start(path: pathlib.Path, threads: int) -> tuple[subprocess.Popen, list[str]]:
+    proc = subprocess.Popen([sys.executable, "-c", _WORKER, str(threads)], cwd=path,
+                            env={"PYTHONPATH": str(path), "OMP_NUM_THREADS": str(threads),
+                                 "PATH": "/usr/bin:/bin"},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, json.loads(proc.stdout.readline())
+
+
+def _time(proc: subprocess.Popen, case: str) -> float:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(case + "\n")
+    proc.stdin.flush()
+    return float(proc.stdout.readline())
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("before", help="git revision of the baseline")
+    p.add_argument("after", nargs="?", default=None, help="git revision (default: working tree)")
+    p.add_argument("--repeat", type=int, default=15, help="timed calls per case and revision")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [_worktree(args.before, pathlib.Path(tmp))]
+        paths.append(ROOT if args.after is None else _worktree(args.after, pathlib.Path(tmp)))
+        try:
+            workers = [_start(path, args.threads) for path in paths]
+            cases = [c for c in workers[0][1] if c in workers[1][1]]
+            times: dict[str, list[list[float]]] = {c: [[], []] for c in cases}
+            for r in range(args.repeat):
+                for case in cases:
+                    order = (0, 1) if r % 2 == 0 else (1, 0)     # ABBA: neither goes first
+                    for i in order:
+                        times[case][i].append(_time(workers[i][0], case))
+            for proc, _ in workers:
+                proc.kill()
+        finally:
+            for path in paths:
+                if path != ROOT:
+                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                                    str(path)], check=False)
+    after = args.after or "working tree"
+    print(f"{args.threads} thread(s), denormals flushed, medians of {args.repeat} interleaved "
+          f"calls\n")
+    print(f"| case | {args.before} (ms) | {after} (ms) | ratio |")
+    print("|---|---|---|---|")
+    for case, (a, b) in times.items():
+        ma, mb = statistics.median(a), statistics.median(b)
+        print(f"| {case} | {ma:.3g} | {mb:.3g} | {mb / ma:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
