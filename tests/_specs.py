@@ -14,6 +14,7 @@ import torch
 from perturb.structured import (
     Arborescences,
     CorrelatedKSubset,
+    DAGPaths,
     KSubset,
     Permutations,
     SpanningTrees,
@@ -103,6 +104,11 @@ SPECS: dict[str, StructureSpec] = {
         make=lambda n: CorrelatedKSubset(max(1, n // 3)), event=lambda n: (2 * n - 1,),
         n_hypothesis=20, n_large=1000, repro=lambda: (CorrelatedKSubset(2), (7,)),
         half=lambda: (CorrelatedKSubset(2), (9,))),        # event 2d − 1 = 9: d = 5 items
+    # source-to-sink paths of the complete DAG on n nodes: 2^(n−2) of them
+    "DAGPaths": StructureSpec(
+        example=lambda: (DAGPaths(), (5, 5)), make=lambda n: DAGPaths(), event=_mat,
+        n_hypothesis=12, n_large=200, repro=lambda: (DAGPaths(), (5, 5)),
+        half=lambda: (DAGPaths(), (6, 6))),
 }
 
 

@@ -412,6 +412,14 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("unknown method", lambda: St.sample_spanning_tree(S, method="kruskal"), "method")],
     "sample_arborescence": _score_cases(St.sample_arborescence, "w", matrix=True)
     + _int_cases(lambda r: St.sample_arborescence(S, root=r), "root", -1, 4),
+    "DAGPaths": [
+        Case("validate n = 1", lambda: St.DAGPaths().validate(torch.zeros(2, 1, 1, dtype=F64)),
+             "w"),
+        Case("validate non-square", lambda: St.DAGPaths().validate(
+            torch.randn(2, 3, 4, dtype=F64)), "w"),
+        Case("enumerate n = 1", lambda: St.DAGPaths().enumerate(1), "n")],
+    "dag_path_log_partition": _score_cases(St.dag_path_log_partition, "w", matrix=True)
+    + _tau_cases(lambda t: St.dag_path_log_partition(S, tau=t)),
     # distributions -----------------------------------------------------------------------
     "PerturbedStructure": _score_cases(
         lambda x: distributions.PerturbedStructure(x, perturb.Simplex()), "logits")

@@ -39,6 +39,7 @@ from perturb import regularizers as regs
 from perturb.structured import (
     Arborescences,
     CorrelatedKSubset,
+    DAGPaths,
     KSubset,
     Permutations,
     Transport,
@@ -79,6 +80,7 @@ CASES = {
     # n is the number of items d here; the scores have 2d − 1 entries (see _event)
     "CorrelatedKSubset": (6, 0.2, lambda data, n: CorrelatedKSubset(
         data.draw(st.integers(1, n), label="k"))),
+    "DAGPaths": (7, 0.2, lambda data, n: DAGPaths()),     # 2^(n−2) paths
 }
 TAU_MAX = 2.0
 #: hypothesis examples per pair (default 60): the file runs in 10-15 s on 2 CPU cores.
@@ -240,6 +242,7 @@ REFERENCES = {
     ("SpanningTrees", "ExpFamilyEntropy"): (_brute_force, EXACT),
     ("Arborescences", "ExpFamilyEntropy"): (_brute_force, EXACT),
     ("CorrelatedKSubset", "ExpFamilyEntropy"): (_brute_force, EXACT),
+    ("DAGPaths", "ExpFamilyEntropy"): (_brute_force, EXACT),
 }
 
 

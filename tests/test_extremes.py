@@ -17,6 +17,9 @@ a linear loss must be finite and the output must satisfy its structure's linear 
   sums b, entries in [0, min(a_i, b_j)];
 - SpanningTrees: symmetric, zero diagonal, Σμ = 2(n − 1) (each edge counted twice);
 - Arborescences(root): every non-root column sums to 1, the root's column to 0.
+- DAGPaths: zero on and below the diagonal, one unit of flow out of the source, in-flow equal
+  to out-flow at the other nodes, and into the sink (whose error is the sum of the others'
+  conservation errors, so its allowance scales with the expected path length Σμ).
 
 Constraint sums are taken in float64 over the returned values, so the rounding allowance is that
 of the output: |Σ − target| ≤ 4 ε · (mass summed), ε the output dtype's epsilon, plus for the
@@ -38,6 +41,7 @@ from perturb import regularizers as regs
 from perturb.structured import (
     Arborescences,
     CorrelatedKSubset,
+    DAGPaths,
     KSubset,
     Permutations,
     SinkhornConvergenceWarning,
@@ -143,6 +147,13 @@ def _check_constraints(structure, w, y, warned):
         close(cols[..., root], 0.0, 1.0)
         keep = torch.arange(n) != root
         close(cols[..., keep], 1.0, 1.0)
+    elif isinstance(structure, DAGPaths):
+        assert (y64.tril() == 0).all(), "output on or below the diagonal"
+        into, out = y64.sum(-2), y64.sum(-1)
+        close(out[..., 0], 1.0, 1.0)
+        if n > 2:
+            close(into[..., 1:-1] - out[..., 1:-1], 0.0, 2.0)     # in and out are each ≤ 1
+        close(into[..., -1], 1.0, float(y64.sum((-2, -1)).max()))
     else:
         pytest.fail(f"no constraint check for {type(structure).__name__} in {HERE}")
 
