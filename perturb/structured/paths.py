@@ -53,21 +53,24 @@ def _longest_path(w: torch.Tensor) -> torch.Tensor:
     n = w.shape[-1]
     W = w.reshape(-1, n, n).to(working_dtype(w.dtype))
     B = W.shape[0]
-    best = W.new_zeros(B, n)                        # V_j, the longest path 0 -> j
-    parent = torch.zeros(B, n, dtype=torch.long, device=w.device)
+    best = W.new_zeros(B, 1)                        # V_0 … V_{j−1}: the longest paths 0 -> i
+    parents = [torch.zeros(B, 1, dtype=torch.long, device=w.device)]
     for j in range(1, n):
-        cand = best[:, :j] + W[:, :j, j]
-        p = cand.argmax(dim=-1, keepdim=True)       # the first (lowest) of equal maxima
-        best[:, j] = cand.gather(-1, p).squeeze(-1)
-        parent[:, j] = p.squeeze(-1)
+        # max returns the first (lowest) index among equal maxima
+        v, p = (best + W[:, :j, j]).max(dim=-1, keepdim=True)
+        best = torch.cat([best, v], dim=-1)
+        parents.append(p)
+    parent = torch.cat(parents, dim=-1)             # (B, n), parent[0] = 0
+    on = torch.zeros(B, n, dtype=torch.bool, device=w.device)
+    on[:, -1] = True
+    node = torch.full((B, 1), n - 1, dtype=torch.long, device=w.device)
+    for _ in range(n - 2):                          # the interior nodes; no host sync
+        node = parent.gather(-1, node)
+        on.scatter_(-1, node, True)
+    on[:, 0] = False                                # the source has no incoming edge
     z = torch.zeros(B, n, n, dtype=w.dtype, device=w.device)
-    rows = torch.arange(B, device=w.device)
-    node = torch.full((B,), n - 1, dtype=torch.long, device=w.device)
-    for _ in range(n - 1):                          # at most n − 1 edges; no host sync
-        prev = parent[rows, node]
-        # a path already back at the source writes 0 on the diagonal entry (0, 0)
-        z[rows, prev, node] = (node != 0).to(z.dtype)
-        node = prev
+    # every node j on the path (but the source) takes the edge parent[j] -> j
+    z.scatter_(-2, parent.unsqueeze(-2), on.unsqueeze(-2).to(z.dtype))
     return z.reshape(w.shape)
 
 

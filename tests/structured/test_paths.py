@@ -1,6 +1,8 @@
 """perturb/structured/paths.py: DAGPaths against brute-force enumeration of all 2^(n−2) paths
-(argmax, log-partition, marginals), the longest path against networkx, the two computations of
-the marginals against each other, float64 gradcheck, the ignored entries, extremes, torch.func.
+(argmax, log-partition, marginals), the longest path against networkx, the log-partition and
+marginals against pytorch-struct's SemiMarkov CRF with one label (the same model), the two
+computations of the marginals against each other, float64 gradcheck, the ignored entries,
+extremes, torch.func.
 
 The shared tests (contract, extremes, reproducibility, precision, default gradients) pick the
 structure up through its spec in tests/_specs.py.
@@ -166,6 +168,31 @@ def test_counting_paths():
         mu = regularized_argmax(torch.zeros(n, n, dtype=D), PATHS)
         visits = mu.sum(-2)[1:-1]
         torch.testing.assert_close(visits, torch.full_like(visits, 0.5))
+
+
+def _semimarkov(w):
+    """The same model as pytorch-struct's SemiMarkov CRF with one label: position i, a segment
+    of length k is the edge i -> i + k (impossible segments get a very low score)."""
+    n = w.shape[-1]
+    edge = torch.full((w.shape[0], n - 1, n, 1, 1), -1e9, dtype=w.dtype)
+    i, j = torch.triu_indices(n, n, 1)
+    edge[:, i, j - i, 0, 0] = w[:, i, j]
+    return edge, (i, j)
+
+
+@pytest.mark.parametrize("n", [2, 5, 16])
+def test_against_pytorch_struct_semimarkov(n, generator):
+    torch_struct = pytest.importorskip("torch_struct")
+    w = torch.randn(3, n, n, dtype=D, generator=generator)
+    edge, (i, j) = _semimarkov(w)
+    model = torch_struct.SemiMarkov()
+    log_z = model.logpartition(edge.clone())
+    log_z = log_z[0] if isinstance(log_z, tuple) else log_z
+    torch.testing.assert_close(dag_path_log_partition(w), log_z.reshape(-1), rtol=1e-12,
+                               atol=1e-12)
+    mu = regularized_argmax(w, PATHS)
+    theirs = model.marginals(edge.clone())[:, i, j - i, 0, 0]
+    torch.testing.assert_close(mu[:, i, j], theirs, rtol=1e-10, atol=1e-12)
 
 
 def test_markov_chain_marginals_equal_the_gradient_of_the_log_partition(generator):
