@@ -20,8 +20,9 @@ loop over the n nodes (the DP's sequence), vectorised over the batch.
 β_{n−1} = 0, β_i = logsumexp_{j>i} (s_ij + β_j) gives the log-partition A(s) = β_0 (β_i is the
 log-partition of the paths from i to the sink). The marginals μ = ∇A(s) = E_q[z] are the
 regularized argmax with f = A* (:class:`~perturb.regularizers.ExpFamilyEntropy`). Rather than
-differentiating β_0 (whose logsumexp backward rounds at the scale of |β|, 1e10 in float32 for
-scores 1e4 at τ = 1e-3), they are computed in probability space: q is a Markov chain from the
+differentiating β_0 (whose logsumexp backward rounds at the scale of |β|: s is 1e7 per edge at
+scores 1e4 and τ = 1e-3, so float32 splits exact ties wrongly), they are computed in probability
+space: q is a Markov chain from the
 source with steps P_ij = exp(s_ij + β_j − β_i) = softmax_{j>i}(s_ij + β_j), the visit
 probabilities π solve π = e_0 + π P (a unit triangular system: forward substitution over
 non-negative terms), and μ_ij = π_i P_ij. Rows of P sum to 1 and flow is conserved to rounding
