@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from perturb.structured import (
     Arborescences,
     CorrelatedKSubset,
+    DAGPaths,
     KSubset,
     Permutations,
     SpanningTrees,
@@ -199,6 +200,20 @@ def _arborescence_constraints(structure, w, tau, y, warned):
     _close(cols[..., keep], 1.0, 1.0, eps, TREE_ACCURACY)
 
 
+def _dag_path_constraints(structure, w, tau, y, warned):
+    """Zero on and below the diagonal, one unit of flow out of the source, in-flow equal to
+    out-flow at the other nodes, and into the sink (whose error is the sum of the others'
+    conservation errors, so its allowance scales with the expected path length Σμ)."""
+    eps, y64, n = torch.finfo(y.dtype).eps, y.detach().double(), y.shape[-1]
+    _in_box(y64, 1.0, 4 * eps)
+    assert (y64.tril() == 0).all(), "output on or below the diagonal"
+    into, out = y64.sum(-2), y64.sum(-1)
+    _close(out[..., 0], 1.0, 1.0, eps)
+    if n > 2:
+        _close(into[..., 1:-1] - out[..., 1:-1], 0.0, 2.0, eps)     # in and out are each ≤ 1
+    _close(into[..., -1], 1.0, float(y64.sum((-2, -1)).max()), eps)
+
+
 # --------------------------------------------------------------------------------------------
 # sizes and inputs
 # --------------------------------------------------------------------------------------------
@@ -338,6 +353,17 @@ SPECS: dict[str, StructureSpec] = {
             Case("validate even n", lambda: CorrelatedKSubset(1).validate(
                 torch.randn(2, 4, dtype=F64)), "w"),
             Case("validate k > d", lambda: CorrelatedKSubset(4).validate(V), "k")]),
+    # source-to-sink paths of the complete DAG on n nodes: 2^(n−2) of them
+    "DAGPaths": StructureSpec(
+        example=lambda: (DAGPaths(), (5, 5)), make=lambda n: DAGPaths(), event=_mat,
+        n_hypothesis=12, n_large=200, repro=lambda: (DAGPaths(), (5, 5)),
+        half=lambda: (DAGPaths(), (6, 6)), constraints=_dag_path_constraints,
+        gradients=Gradients(lambda data, n: DAGPaths(), n_max=7, tau_min=0.2,
+                            references={"ExpFamilyEntropy": ("brute_force", "exact")}),
+        bad_inputs=lambda: [
+            Case("validate n = 1", lambda: DAGPaths().validate(torch.zeros(2, 1, 1, dtype=F64)),
+                 "w"),
+            Case("enumerate n = 1", lambda: DAGPaths().enumerate(1), "n")]),
 }
 
 

@@ -325,6 +325,8 @@ CATALOGUE: dict[str, list[Case]] = {
         Case("unknown method", lambda: St.sample_spanning_tree(S, method="kruskal"), "method")],
     "sample_arborescence": score_cases(St.sample_arborescence, "w", matrix=True)
     + int_cases(lambda r: St.sample_arborescence(S, root=r), "root", -1, 4),
+    "dag_path_log_partition": score_cases(St.dag_path_log_partition, "w", matrix=True)
+    + tau_cases(lambda t: St.dag_path_log_partition(S, tau=t)),
     # distributions -----------------------------------------------------------------------
     "PerturbedStructure": score_cases(
         lambda x: distributions.PerturbedStructure(x, perturb.Simplex()), "logits")

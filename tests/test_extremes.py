@@ -5,19 +5,9 @@ Hypothesis draws the scores (Gaussian ×1e4, or exact ties: ±1e4 and 0 only), t
 supported pair of :func:`perturb.registered_pairs` (a pair registered later is covered, and
 fails until its structure has a spec in tests/_specs.py) the relaxed output and the gradient of
 a linear loss must be finite and the output must satisfy its structure's linear constraints
-(``constraints`` of its spec):
-
-- Simplex: entries in [0, 1], rows sum to 1;
-- KSubset(k): entries in [0, 1], rows sum to k;
-- CorrelatedKSubset(k) (n = d items, scores of size 2d − 1): entries in [0, 1], the d item
-  marginals sum to k, each pair marginal ≤ both of its items';
-- Permutations: rows or columns sum to 1 (the last normalisation), the other side within the
-  tolerance the solver reports using (``SinkhornSolution.tol``: max(tol, its rounding floor)), or
-  within the error it measured when it warned of non-convergence;
-- Transport(a, b) (n x (n + 1) plans, unequal masses): as Permutations with row sums a and column
-  sums b, entries in [0, min(a_i, b_j)];
-- SpanningTrees: symmetric, zero diagonal, Σμ = 2(n − 1) (each edge counted twice);
-- Arborescences(root): every non-root column sums to 1, the root's column to 0.
+(``constraints`` of its spec in tests/_specs.py: entries in [0, 1], the simplex and k-subset
+sums, the Sinkhorn marginals to the tolerance the solver reports, the trees' degree sums, the
+paths' flow conservation).
 
 Constraint sums are taken in float64 over the returned values, so the rounding allowance is that
 of the output: |Σ − target| ≤ 4 ε · (mass summed), ε the output dtype's epsilon, plus for the

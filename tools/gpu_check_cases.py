@@ -264,6 +264,11 @@ def _cases() -> list[Case]:
                         st.arborescence_log_partition(x["w"], tau=0.7),
                         st.max_arborescence(x["w"]),
                         perturb.relax(x["w"], st.Arborescences(), tau=0.7)], ("w",)),
+        # ---------------- paths ----------------
+        Case("dag_paths", (S + "DAGPaths", S + "dag_path_log_partition"), _theta(3, 7, 7),
+             lambda x: [st.dag_path_log_partition(x["w"], tau=0.7),
+                        perturb.regularized_argmax(x["w"], st.DAGPaths(), tau=0.7),
+                        perturb.argmax(x["w"], st.DAGPaths())], ("w",)),
         Case("sample_trees", (S + "sample_spanning_tree", S + "sample_arborescence"),
              lambda g, dt: {"w": (lambda a: a + a.mT)(_r(g, 2, 6, 6, dtype=dt))},
              lambda x: [st.sample_spanning_tree(x["w"], n_samples=3, generator=_gen(x["w"])),

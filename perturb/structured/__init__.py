@@ -5,7 +5,9 @@
 - :mod:`.subsets`: k-subsets (plain and correlated): top-k, capped-simplex projections, the
   exponential-family DP;
 - :mod:`.trees`: spanning trees and arborescences: matrix-tree marginals, maximum trees,
-  exact samplers.
+  exact samplers;
+- :mod:`.paths`: source-to-sink paths in a DAG, the worked example of a one-file structure
+  (docs/adding_a_structure.md).
 
 Every family has the same layout: public modules define the public functions and the
 :class:`~perturb.Structure` classes (each class beside its exact argmax, with its solver
@@ -13,6 +15,7 @@ registrations), private ``_*.py`` modules hold only kernels and helpers, and the
 ``__init__`` re-exports the public names. Importing this package registers the solvers with
 :func:`perturb.register_solver`.
 """
+from perturb.structured.paths import DAGPaths, dag_path_log_partition
 from perturb.structured.permutations import (
     Permutations,
     SinkhornConvergenceWarning,
@@ -58,4 +61,5 @@ __all__ = [
     "SpanningTrees", "Arborescences", "spanning_tree_marginals", "spanning_tree_log_partition",
     "max_spanning_tree", "arborescence_marginals", "arborescence_log_partition",
     "max_arborescence", "sample_spanning_tree", "sample_arborescence", "WilsonStepLimit",
+    "DAGPaths", "dag_path_log_partition",
 ]
