@@ -221,7 +221,7 @@ def solve_full(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None,
     state = None
     if bool(bad.any()):
         n = s.shape[-1]
-        x = s.detach().to(mu.dtype)[bad]
+        x = s.detach()[bad].to(mu.dtype)      # convert the failing elements only
         v = valid.expand(s.shape)[bad]
         sub_nodes = None if nodes is None else nodes.expand(s.shape[:-1])[bad]
         mu_b, logz_b, est, state = reduced_solve(x, v, sub_nodes, root, P[bad], need_logz)
@@ -293,7 +293,7 @@ def backward_with_fallback(s, valid, nodes, root, P, G, path, grad, mu=None,
     sel = path == PATH_ELIMINATION
     if bool(sel.any()):
         sub_nodes = None if nodes is None else nodes.expand(s.shape[:-1])[sel]
-        out[sel] = elimination_marginals_vjp(s.to(out.dtype)[sel], valid.expand(s.shape)[sel],
+        out[sel] = elimination_marginals_vjp(s[sel].to(out.dtype), valid.expand(s.shape)[sel],
                                              sub_nodes, root, grad.expand(s.shape)[sel])
     return out
 
