@@ -62,37 +62,45 @@ def _fwd_bwd(fn, x, c):
     return go
 
 
-def _paired(fo, fp, repeat: int, warmup: int = 2) -> tuple[float, float, float]:
+def _paired(fo, fp, repeat: int, warmup: int = 2) -> tuple[float, float, float, float]:
     """Interleaved timing of ours and the peer in ABBA blocks (ours, peer, peer, ours):
-    (median ours ms, median peer ms, median of the per-block ratios). Alternating the two in
-    one loop makes load from other processes on a shared machine hit both alike, and the
-    mirrored order cancels the advantage of running first in a pair (measured at up to 1.4x
-    here: the allocator and caches favour whichever call follows the timer)."""
+    (median ours ms, median peer ms, median of the per-block ratios of wall time, the same of
+    thread CPU time). Alternating the two in one loop makes load from other processes on a
+    shared machine hit both alike, and the mirrored order cancels the advantage of running
+    first in a pair (measured at up to 1.4x here: the allocator and caches favour whichever
+    call follows the timer). The CPU-time ratio (``time.thread_time``: both libraries run on
+    this one thread) leaves out the time the thread waits for a core, which dominates wall
+    time when the machine is oversubscribed; page faults and cache misses still count."""
     for _ in range(warmup):
         fo()
         fp()
-    to, tp, ratios = [], [], []
+    to, tp, ratios, cpu_ratios = [], [], [], []
+    clocks = (time.perf_counter, time.thread_time)
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = [c() for c in clocks]
         fo()
-        t1 = time.perf_counter()
+        t1 = [c() for c in clocks]
         fp()
-        t2 = time.perf_counter()
+        t2 = [c() for c in clocks]
         fp()
-        t3 = time.perf_counter()
+        t3 = [c() for c in clocks]
         fo()
-        t4 = time.perf_counter()
-        a, b = (t1 - t0) + (t4 - t3), (t2 - t1) + (t3 - t2)
-        to.append(a / 2 * 1e3)
-        tp.append(b / 2 * 1e3)
-        ratios.append(a / b)
-    return statistics.median(to), statistics.median(tp), statistics.median(ratios)
+        t4 = [c() for c in clocks]
+        a, b = [(t1[k] - t0[k]) + (t4[k] - t3[k]) for k in (0, 1)], \
+            [(t2[k] - t1[k]) + (t3[k] - t2[k]) for k in (0, 1)]
+        to.append(a[0] / 2 * 1e3)
+        tp.append(b[0] / 2 * 1e3)
+        ratios.append(a[0] / b[0])
+        cpu_ratios.append(a[1] / b[1])
+    return (statistics.median(to), statistics.median(tp), statistics.median(ratios),
+            statistics.median(cpu_ratios))
 
 
 def _paired_row(name, fo, fp, repeat, note):
-    ours_ms, peer_ms, ratio = _paired(fo, fp, repeat)
+    ours_ms, peer_ms, ratio, cpu_ratio = _paired(fo, fp, repeat)
     r = row(name, ours_ms, "torch-struct", peer_ms, note + "; ratio = median of "
-            f"{repeat} interleaved ABBA blocks, {torch.get_num_threads()} thread")
+            f"{repeat} interleaved ABBA blocks, {torch.get_num_threads()} thread (thread CPU "
+            f"time ratio {cpu_ratio:.3g})")
     r["ratio"] = ratio
     return r
 

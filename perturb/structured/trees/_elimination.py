@@ -138,17 +138,20 @@ def cycle_representatives(P: torch.Tensor, nodes: torch.Tensor | None, root: int
 
     The best parent of j is argmax_i P_ij (ties: the lowest index); the root and absent nodes
     point to the root. A node lies on a cycle iff it is in the image of parent^(2^k) for
-    2^k >= n; the representative of a cycle is its lowest index. Pointer doubling: ⌈log₂ n⌉ + 1
-    rounds of gathers, no host synchronisation.
+    2^k >= n; the representative of a cycle is its lowest index. Pointer doubling: k rounds of
+    gathers with 2^k >= n (every tail and every cycle has fewer than n nodes, so parent^(2^k)
+    lies on a cycle and ``low`` has seen a whole cycle), no host synchronisation.
     """
     n = P.shape[-1]
-    par = P.argmax(dim=-2)
+    # torch.max(dim) returns the first maximal index like argmax, and is ~4x faster on CPU
+    # for the strided reduction over dim −2
+    par = P.max(dim=-2).indices
     par[..., root] = root
     if nodes is not None:
         par = torch.where(nodes, par, torch.full_like(par, root))
     idx = torch.arange(n, device=P.device).expand_as(par)
     low, anc = idx, par
-    for _ in range(max(1, (n - 1).bit_length()) + 1):
+    for _ in range(max(1, (n - 1).bit_length())):
         low = torch.minimum(low, low.gather(-1, anc))
         anc = anc.gather(-1, anc)
     on_cycle = torch.zeros_like(par, dtype=torch.bool).scatter_(-1, anc, True)
@@ -436,9 +439,16 @@ def reduced_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | No
     kf = (inner & torch.ones_like(inner).scatter_(-1, jidx, False)).to(dt)
     kfi = kf.unsqueeze(-1)
     eye = torch.eye(n, dtype=dt, device=dev)
-    LU, piv, info = torch.linalg.lu_factor_ex(eye - P * kfi * kf.unsqueeze(-2))
+    # I − P ⊙ kkᵀ (P's diagonal is 0) with one n² buffer
+    A = P.mul(kfi).mul_(kf.unsqueeze(-2)).neg_()
+    A.diagonal(dim1=-2, dim2=-1).add_(1.0)
+    LU, piv, info = torch.linalg.lu_factor_ex(A)
     Ainv = torch.linalg.lu_solve(LU, piv, eye.expand_as(LU))
-    est = 4 * max(n, 8) * torch.finfo(dt).eps * Ainv.abs().sum(-2).amax(-1)
+    # A is a column diagonally dominant M-matrix like the fast path's I − P̂: its computed
+    # inverse is nonnegative, ‖A⁻¹‖₁ its largest column sum (no |A⁻¹| temporary); a negative
+    # entry makes the estimate inf
+    est = 4 * max(n, 8) * torch.finfo(dt).eps * Ainv.sum(-2).amax(-1)
+    est = torch.where(Ainv.amin(dim=(-2, -1)) < 0, torch.inf, est)
     ridx = torch.cat([jidx.new_full((*jidx.shape[:-1], 1), root), jidx], dim=-1)
     PJ = P.gather(-1, jidx.unsqueeze(-2).expand(*jidx.shape[:-1], n, m))
     Y = Ainv @ (PJ * kfi)
@@ -459,7 +469,7 @@ def reduced_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | No
     lz_small, nu, p = _small_marginals(omega, vr, E)
     Lam = _scatter_rows(torch.where(pos, nu / torch.where(pos, Wr, 1.0), 0.0), ridx, n)
     Urow = Lam + Ainv.mT @ ((P.mT @ Lam) * kfi)
-    Gbar = Urow @ Vc - Ainv.mT
+    Gbar = torch.matmul(Urow, Vc).sub_(Ainv.mT)
     H = (Gbar - _colsum(P * Gbar)).add_(1.0)
     mu = P * H
     # log det(I − P̂) = log det A + log Z' (sign: parity of the row swaps and of U's diagonal)
@@ -509,7 +519,7 @@ def reduced_vjp(state: ReducedState, grad: torch.Tensor) -> torch.Tensor:
     n, m = P.shape[-1], jidx.shape[-1]
     kfi = kf.unsqueeze(-1)
     sd = torch.where(valid, grad.to(P.dtype), 0.0)
-    Pd = P * (sd - _colsum(P * sd))
+    Pd = sd.sub_(_colsum(P * sd)).mul_(P)         # sd is a fresh buffer
     R1 = Pd @ Vc.mT
     Yd = Ainv @ (R1 * kfi)
     Wd = (R1 + P @ Yd).gather(-2, ridx.unsqueeze(-1).expand(*jidx.shape[:-1], m + 1, m))
@@ -518,7 +528,10 @@ def reduced_vjp(state: ReducedState, grad: torch.Tensor) -> torch.Tensor:
     nud = _small_hvp(omega, vr, E, p, nu, od)
     Lamd = _scatter_rows(torch.where(pos, (nud - nu * od) / Ws, 0.0), ridx, n)
     Ud = Lamd + Ainv.mT @ ((Pd.mT @ Urow + P.mT @ Lamd) * kfi)
-    Pdk = Pd * kfi * kf.unsqueeze(-2)
-    Gd = Ud @ Vc + Urow @ Yd.mT - Ainv.mT @ (Pdk.mT @ Ainv.mT)
+    Pdk = Pd.mul(kfi).mul_(kf.unsqueeze(-2))
+    # Ġbar accumulated in one buffer (two n² temporaries instead of six)
+    Gd = torch.matmul(Ud, Vc).baddbmm_(Urow, Yd.mT)
+    Gd.baddbmm_(Ainv.mT, Pdk.mT @ Ainv.mT, alpha=-1)
+    cs = _colsum(torch.mul(Pd, Gbar).addcmul_(P, Gd))
     out = Pd * H
-    return out.add_(P * (Gd - _colsum(Pd * Gbar + P * Gd)))
+    return out.add_(Gd.sub_(cs).mul_(P))

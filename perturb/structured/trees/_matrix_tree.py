@@ -45,12 +45,16 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype in (torch.float16, torch.bfloat16, torch.float32) else dtype
 
 
-def column_softmax(s: torch.Tensor, valid: torch.Tensor):
+def column_softmax(s: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype | None = None):
     """c_j = logsumexp_i s_ij over allowed edges (0 for columns without any) and
-    P_ij = exp(s_ij − c_j) (0 on forbidden edges); ``has`` ``(*batch, n)`` marks the columns
-    with an allowed edge. Six passes over the scores: fill, column max m, subtract, exp (both
-    in place), column sum z, scale by 1/z; then c = m + log z."""
-    P = s.masked_fill(~valid, -torch.inf)
+    P_ij = exp(s_ij − c_j) (0 on forbidden edges), in ``dtype`` (default: that of ``s``);
+    ``has`` ``(*batch, n)`` marks the columns with an allowed edge. Six passes over the scores
+    into one new buffer: fill (fused with the conversion to ``dtype``), column max m,
+    subtract, exp (both in place), column sum z, scale by 1/z; then c = m + log z."""
+    if dtype is None or dtype == s.dtype:
+        P = s.masked_fill(~valid, -torch.inf)
+    else:   # the converted copy is ours: fill it in place
+        P = s.to(dtype).masked_fill_(~valid, -torch.inf)
     m = P.amax(dim=-2)
     has = m > -torch.inf
     m = torch.where(has, m, torch.zeros_like(m))
@@ -101,7 +105,8 @@ def _check_tolerance(n: int) -> float:
 
 
 def _error_estimate(G: torch.Tensor, n: int) -> torch.Tensor:
-    """4·max(n, 8)·eps·‖G‖₁ ``(*batch)``: the error estimate of the LU marginals.
+    """4·max(n, 8)·eps·‖G‖₁ ``(*batch)``: the error estimate of the LU marginals, inf where G
+    has a negative entry.
 
     I − P̂ is a column diagonally dominant M-matrix, so partial pivoting does not pivot, the
     off-diagonal entries of every Schur complement are sums of same-signed terms and the
@@ -113,9 +118,16 @@ def _error_estimate(G: torch.Tensor, n: int) -> torch.Tensor:
     on nested near-closed cycles, the error stays below 14·eps·‖G‖₁. The first-order bound
     eps·‖G‖₁² of a normwise backward error is far too pessimistic here (it ignores that the
     large part of G cancels in G_jj − G_ji) and sent most peaked inputs to the fallback.
+
+    For the same reason (no pivoting, subtraction-free solves, positive pivots) the computed G
+    is entrywise nonnegative, so ‖G‖₁ is its largest column sum: two reductions and no
+    temporary |G| (a fresh n² buffer costs more than the passes for large batches). A negative
+    entry (a pivot that rounded to a negative value) makes the estimate inf, so the element
+    is recomputed; NaN propagates through both reductions and fails the check too.
     """
     eps = torch.finfo(G.dtype).eps
-    return (4 * max(n, 8) * eps) * G.abs().sum(dim=-2).amax(dim=-1)
+    est = (4 * max(n, 8) * eps) * G.sum(dim=-2).amax(dim=-1)
+    return torch.where(G.amin(dim=(-2, -1)) < 0, torch.inf, est)
 
 
 def _result_bad(mu: torch.Tensor, inner: torch.Tensor, n: int) -> torch.Tensor:
@@ -148,8 +160,7 @@ def lu_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, r
     column-sum test). No host synchronisation.
     """
     n = s.shape[-1]
-    x = s.to(compute_dtype(s.dtype))
-    P, c, _ = column_softmax(x, valid)
+    P, c, _ = column_softmax(s, valid, compute_dtype(s.dtype))
     inner = _inner_nodes(P.shape, nodes, root, P.device)
     Lf = _reduced_matrix(P, root, inner)
     if need_logz:
@@ -168,7 +179,8 @@ def lu_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, r
     else:
         G = G * innerf.unsqueeze(-1) * innerf.unsqueeze(-2)
     dG = torch.diagonal(G, dim1=-2, dim2=-1)
-    mu = torch.sub(dG.unsqueeze(-2), G.transpose(-1, -2)).mul_(P)
+    # Lf is not needed after the factorisation: μ takes its buffer
+    mu = torch.sub(dG.unsqueeze(-2), G.transpose(-1, -2), out=Lf).mul_(P)
     if need_logz:
         # sign of det = parity of the row swaps times the signs of U's diagonal
         dU = torch.diagonal(LU, dim1=-2, dim2=-1)
@@ -209,7 +221,7 @@ def solve_full(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None,
     state = None
     if bool(bad.any()):
         n = s.shape[-1]
-        x = s.detach().to(mu.dtype)[bad]
+        x = s.detach()[bad].to(mu.dtype)      # convert the failing elements only
         v = valid.expand(s.shape)[bad]
         sub_nodes = None if nodes is None else nodes.expand(s.shape[:-1])[bad]
         mu_b, logz_b, est, state = reduced_solve(x, v, sub_nodes, root, P[bad], need_logz)
@@ -245,7 +257,8 @@ def marginals_backward(P: torch.Tensor, G: torch.Tensor, grad: torch.Tensor,
     A.diagonal(dim1=-2, dim2=-1).add_(k)          # diag(1ᵀK) − K (K's diagonal is 0)
     Nt = G @ A @ G                                # Nᵀ
     dN = torch.diagonal(Nt, dim1=-2, dim2=-1)
-    out = Nt.transpose(-1, -2) - dN.unsqueeze(-2)
+    # A is not needed after the first product: the result takes its buffer
+    out = torch.sub(Nt.transpose(-1, -2), dN.unsqueeze(-2), out=A)
     return out.mul_(P).addcmul_(grad, mu)
 
 
@@ -254,17 +267,33 @@ def backward_with_fallback(s, valid, nodes, root, P, G, path, grad, mu=None,
     """The vector–Jacobian product of :func:`solve_full`'s μ: :func:`marginals_backward` for
     the LU elements, the analytic Hessian–vector product :func:`reduced_vjp` of the cycle
     reduction (from its saved ``state``; no second differentiation) for the others, and for
-    the last tier the double backward through the log-space elimination. One host read when
-    some element left the LU path."""
-    out = marginals_backward(P, G, grad, mu)
+    the last tier the double backward through the log-space elimination.
+
+    When some element left the LU path, the LU product runs on the LU elements only (its two
+    O(n³) products are not spent on elements whose result is replaced): the batch is split by
+    one stable sort of the path flags, the number of recomputed elements being known from
+    ``state`` (no host read); one host read when the last tier may have run."""
     if state is None:   # every element took the LU path
-        return out
-    bad = path != PATH_LU
-    out[bad] = reduced_vjp(state, grad.expand(s.shape)[bad]).to(out.dtype)
+        return marginals_backward(P, G, grad, mu)
+    n = P.shape[-1]
+    flat = P.shape[:-2].numel()
+    bad = (path != PATH_LU).reshape(flat)
+    order = torch.argsort(bad.to(torch.uint8), stable=True)
+    n_lu = flat - state.P.shape[0]
+    lu, rest = order[:n_lu], order[n_lu:]       # rest: the recomputed elements in batch order
+    g = grad.expand(s.shape).reshape(flat, n, n)
+    out = torch.empty((flat, n, n), dtype=P.dtype, device=P.device)
+    if n_lu:
+        def pick(x):
+            return x.reshape(flat, n, n).index_select(0, lu)
+        out.index_copy_(0, lu, marginals_backward(pick(P), pick(G), pick(g),
+                                                  None if mu is None else pick(mu)))
+    out.index_copy_(0, rest, reduced_vjp(state, g.index_select(0, rest)).to(out.dtype))
+    out = out.view(P.shape)
     sel = path == PATH_ELIMINATION
     if bool(sel.any()):
         sub_nodes = None if nodes is None else nodes.expand(s.shape[:-1])[sel]
-        out[sel] = elimination_marginals_vjp(s.to(out.dtype)[sel], valid.expand(s.shape)[sel],
+        out[sel] = elimination_marginals_vjp(s[sel].to(out.dtype), valid.expand(s.shape)[sel],
                                              sub_nodes, root, grad.expand(s.shape)[sel])
     return out
 

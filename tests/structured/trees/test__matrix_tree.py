@@ -167,3 +167,45 @@ def test_gradcheck_reduced_path(generator):
     x = w.clone().requires_grad_(True)
     assert torch.autograd.gradcheck(lambda t: arborescence_marginals(t), (x,))
     assert torch.autograd.gradcheck(lambda t: arborescence_log_partition(t), (x,))
+
+
+def test_mixed_batch_backward_matches_per_element(generator):
+    """A (2, 3) batch whose elements take all three paths (LU, cycle reduction, log-space
+    elimination): the backward splits the batch by path (the LU product runs on the LU
+    elements only) and puts every gradient back in its place, so μ and the gradient equal
+    those of each element solved alone."""
+    n = 9
+    lu = torch.randn(n, n, dtype=D, generator=generator)
+    reduced = _nested_cycles(6, 18, generator)
+    elim = torch.full((n, n), -math.inf, dtype=D)   # the underflowed exit of test__elimination
+    elim[1, 2] = elim[2, 1] = elim[3, 4] = elim[4, 3] = 0.0
+    elim[0, 1], elim[2, 3], elim[0, 3], elim[4, 1] = -750.0, -10.0, -700.0, -100.0
+    elim[0, 5:] = 0.0
+    w = torch.stack([lu, reduced, elim, reduced, lu * 2, elim]).view(2, 3, n, n)
+    valid = (w > -math.inf) & ~torch.eye(n, dtype=torch.bool)
+    valid[..., 0] = False
+    *_, path = eng.solve(w.masked_fill(~valid, 0), valid, None, 0)
+    assert path.flatten().tolist() == [eng.PATH_LU, eng.PATH_REDUCED, eng.PATH_ELIMINATION,
+                                       eng.PATH_REDUCED, eng.PATH_LU, eng.PATH_ELIMINATION]
+    g = torch.randn(2, 3, n, n, dtype=D, generator=generator)
+    x = w.clone().requires_grad_(True)
+    mu = arborescence_marginals(x)
+    (gr,) = torch.autograd.grad((mu * g).sum(), x)
+    for i in range(2):
+        for j in range(3):
+            xi = w[i, j].clone().requires_grad_(True)
+            mi = arborescence_marginals(xi)
+            (gi,) = torch.autograd.grad((mi * g[i, j]).sum(), xi)
+            torch.testing.assert_close(mu[i, j], mi, rtol=0, atol=1e-14)
+            torch.testing.assert_close(gr[i, j], gi, rtol=1e-10, atol=1e-12)
+
+
+def test_error_estimate_rejects_negative_inverse_entries():
+    """‖G‖₁ is read as the largest column sum of the (nonnegative) computed inverse; an entry
+    below zero makes the estimate inf, and NaN stays NaN, so both fail the check."""
+    G = torch.tensor([[[2.0, 1.0], [0.5, 3.0]], [[2.0, -1e-300], [0.5, 3.0]],
+                      [[math.nan, 1.0], [0.5, 3.0]]], dtype=D)
+    est = eng._error_estimate(G, 2)
+    assert est[0] == 4 * 8 * torch.finfo(D).eps * 4.0
+    assert est[1] == math.inf and math.isnan(est[2])
+    assert not (est[1:] <= eng.ERROR_BUDGET).any()
