@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from perturb._math import exp_floored, log_expm1, logaddexp2
+from perturb._validation import reads_stall
 from perturb.boxes._bessel import _log_k0_exp, _log_neg_g_prime
 from perturb.boxes.box import Box
 from perturb.boxes.intersections import _NESTED, _log1m_containment
@@ -193,8 +194,12 @@ def _nested_backward(grad: torch.Tensor, y_lo: torch.Tensor, y_hi: torch.Tensor,
     """Gradients ``(lo_c, hi_c, lo_p, hi_p)`` of :class:`_GumbelLog1mNested` given the
     gradient ``grad`` of log(1 − P) (module docstring; the pairs that are not nested get the
     gradient of the lowered log δ, which their caller discards)."""
-    e = torch.exp(s.clamp(min=-20.0))
-    g_s = torch.where(s < -20.0, grad, grad * e / torch.expm1(e))
+    # d/ds log(1 − exp(−e^s)) = e/expm1(e), e = e^s: 1 below s = −20 (the value is s there),
+    # e·exp(−e) to 1e-23 above s = 4 (finite for any s: the pairs that are not nested may have
+    # any s, and their zero gradient must stay 0)
+    e = torch.exp(s.clamp(min=-20.0, max=80.0))
+    ratio = torch.where(s > 4.0, e * exp_floored(-e), e / torch.expm1(e))
+    g_s = torch.where(s < -20.0, grad, grad * ratio)
     g_t = torch.exp(t - s.unsqueeze(-1)).mul_(g_s.unsqueeze(-1))       # G_s·π
     mu = g_t * h_slope * (-0.5 / vbeta)                                # ∂/∂m
     lam = g_t - 0.5 * mu * delta                                       # ∂/∂log δ
@@ -251,7 +256,9 @@ def gumbel_pair_scores(lower: torch.Tensor, upper: torch.Tensor, n_pos: int, bet
     lo_p − lo_c and hi_c − hi_p are at most β·log(expm1(1e-2·β_v/β)) in every coordinate
     (the loose test of :func:`~perturb.boxes.intersections._log1m_nested`); the exact test and
     the first-order form (:class:`_GumbelLog1mNested`) run on those pairs only, gathered (one
-    host read: their number).
+    host read: their number). Where reads stall (CUDA, ``torch.compile``, ``torch.func``) the
+    first-order form runs on every negative instead and is merged by ``where``: no host read,
+    no data-dependent shape (the same values and gradients, tested).
 
     Shape:
         ``(P,)`` and ``(P − n_pos,)``.
@@ -263,6 +270,11 @@ def gumbel_pair_scores(lower: torch.Tensor, upper: torch.Tensor, n_pos: int, bet
     far = _log1m_containment(log_p[n_pos:], a, b, None, None, False)
     bound = beta * (log_expm1(_NESTED * vbeta / beta) + 1e-3)
     cand = torch.maximum(d_lo[n_pos:].neg(), d_hi[n_pos:]).amax(dim=-1) <= bound
+    if reads_stall(log_p):      # CUDA, compile, torch.func: every negative, merged by where
+        near, nested = _GumbelLog1mNested.apply(lower[n_pos:n], upper[n_pos:n],
+                                                lower[n + n_pos:], upper[n + n_pos:],
+                                                float(beta), float(vbeta))[:2]
+        return log_p, torch.where(nested, near, far)
     rows = cand.nonzero().squeeze(-1)
     if rows.numel() == 0:           # the common case: no negative near nesting
         return log_p, far

@@ -153,7 +153,8 @@ def test_diagnostics_schedule():
         assert a == b
 
 
-def test_step_reads_nothing_back(monkeypatch):
+@pytest.mark.parametrize("n", [300, 3000])    # child volumes per node; the fused pair score
+def test_step_reads_nothing_back(monkeypatch, n):
     """A training step (diagnostics included) makes no host read: with the box core on its
     branch-free path (what it does on CUDA, where reads stall: regime checks assumed true,
     nested pairs computed densely), no `.item()`-like op remains except the CPU fused-Adam
@@ -168,8 +169,10 @@ def test_step_reads_nothing_back(monkeypatch):
     monkeypatch.setattr(vol, "_any", lambda cond: True)
     monkeypatch.setattr(sys.modules["perturb.boxes._bessel"], "_any", lambda cond: True)
     monkeypatch.setattr(inter, "reads_stall", lambda t: True)
+    monkeypatch.setattr(sys.modules["perturb.boxes._bessel"], "reads_stall", lambda t: True)
+    monkeypatch.setattr(sys.modules["perturb.boxes._gumbel_pairs"], "reads_stall",
+                        lambda t: True)
     gen = torch.Generator().manual_seed(0)
-    n = 300
     pos = torch.randint(n, (500, 2), generator=gen)
     cfg = HierarchyConfig(dim=4, sampler="fixed", negative_max_tries=8, volume_reg=0.1)
     model = BoxHierarchyModel(n, generator=gen, **cfg.model_kwargs())
