@@ -239,7 +239,9 @@ class _GumbelLog1mNested(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor, *_: torch.Tensor) -> tuple:
-        grads = _nested_backward(grad, *ctx.saved_tensors, ctx.beta, ctx.vbeta)
+        y_lo, y_hi, l_lo, l_hi, delta, h_slope, t, s = ctx.saved_tensors
+        grads = _nested_backward(grad, y_lo, y_hi, l_lo, l_hi, delta, h_slope, t, s, ctx.beta,
+                                 ctx.vbeta)
         return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)),
                 None, None)
 
