@@ -20,7 +20,9 @@ Peer-loop rows (issue 29): the same epoch against the loop a box-embeddings user
 (:mod:`bench._box_peer`: ``BoxTensor``, ``GumbelIntersection``, ``BesselApproxVolume``, Adam,
 unfiltered uniform negatives), started from the same boxes, same batch, negatives, d and
 scales, timed in alternation with ours in the same process (medians); also ours without
-diagnostics (``diagnostics_every=0``) and the peer loop with our exact Bessel volume.
+diagnostics (``diagnostics_every=0``) and the peer loop with our exact Bessel volume. Ours
+scores a batch's pairs in one autograd node (:mod:`perturb.boxes._gumbel_pairs`: log P with an
+analytic backward, the nested-negative log(1 − P) fused on its candidate rows).
 """
 from __future__ import annotations
 
@@ -124,10 +126,16 @@ def _trainer_rows(quick: bool) -> list[dict]:
                         f"Gumbel, {dev.type})", epoch_ms,
                         "before the K0 table (0461c72), recorded", PREV_EPOCH_MS[batch],
                         syncs=syncs, ops=ops,
-                        note=f"{steps} steps, {steps / (epoch_ms / 1e3):.0f} steps/s; syncs/step "
-                             f"all in the box core (volumes.py regime checks, intersections.py "
-                             f"nested test) and CPU fused Adam, none in the trainer{old}"))
+                        note=f"{steps} steps, {steps / (epoch_ms / 1e3):.0f} steps/s; "
+                             f"{_SYNC_NOTE}{old}"))
     return rows
+
+
+#: What the sync column counts for the trainer (aten::_local_scalar_dense) and what it does not.
+_SYNC_NOTE = ("syncs/step: the CPU fused Adam's reads of its step counter (the peer's 2 too); "
+              "not counted there, host reads that no aten op makes: one tolist of the Bessel "
+              "regime flags per table evaluation (1–2) and a nonzero each in the sampler and the "
+              "nested-negative candidates (all branch-free where reads stall: CUDA, compile)")
 
 
 def _peer_loop_rows(quick: bool) -> list[dict]:
@@ -194,12 +202,16 @@ def _peer_loop_rows(quick: bool) -> list[dict]:
         row(f"trainer vs hand-written peer loop ({setting})", ms["ours"], peer_name,
             ms["approx"], ops=ops["ours"], syncs=syncs["ours"],
             note=f"{epoch_note}; diagnostics every {cfg.diagnostics_every} steps; peer "
-                 f"{ops['peer']} ops, {syncs['peer']} syncs per step"),
+                 f"{ops['peer']} ops, {syncs['peer']} syncs per step; ops and syncs of a step "
+                 f"after the timed epochs (nested negatives present); {_SYNC_NOTE}; "
+                 f"before issue 29's fused pair score (6cb82aa): 1.38×, 468 ops, 8 syncs"),
         row(f"same, diagnostics_every=0 ({setting})", ms["plain"], peer_name, ms["approx"],
-            note="cost of the diagnostics = difference to the row above"),
+            note="cost of the diagnostics = difference to the row above; before (6cb82aa): "
+                 "1.32×"),
         row(f"same, peer loop with our exact Bessel volume ({setting})", ms["plain"],
             "box-embeddings loop, volume = perturb exact", ms["exact"],
-            note="ours without diagnostics; separates the volume's cost from the loop's"),
+            note="ours without diagnostics; separates the volume's cost from the loop's; "
+                 "before (6cb82aa): 1.08×"),
     ]
 
 

@@ -66,6 +66,17 @@ def _any(cond: torch.Tensor) -> bool:
         return True
 
 
+def _any_of(*conds: torch.Tensor) -> list[bool]:
+    """:func:`_any` of several 0-dim conditions with one host read (all True where reads
+    stall or are impossible)."""
+    if reads_stall(conds[0]):
+        return [True] * len(conds)
+    try:
+        return [bool(c) for c in torch.stack(conds).tolist()]
+    except RuntimeError:
+        return [True] * len(conds)
+
+
 def _u_max(dtype: torch.dtype) -> float:
     """u beyond which g(u) = log K0(e^u) continues linearly (z = e^u ~ finfo.max^0.75)."""
     return 0.75 * math.log(torch.finfo(dtype).max)
@@ -215,11 +226,12 @@ def _log_k0_exp(u: torch.Tensor, value: bool = True, slope: bool = True
     if not u.numel():
         return g, q
     lo, hi = torch.aminmax(u)
-    if g is not None and _any(hi > _TAB_HI):
+    above, beyond, below = _any_of(hi > _TAB_HI, hi > um, lo < _TAB_LO)   # one host read
+    if g is not None and above:
         g = g - 0.5 * (u - u.clamp(max=_TAB_HI))
-        if _any(hi > um):
+        if beyond:
             g = g - math.exp(um) * (u - um).clamp(min=0.0)
-    if _any(lo < _TAB_LO):
+    if below:
         small = u < _TAB_LO
         t = _C_SMALL - u.clamp(max=_TAB_LO)
         if g is not None:
@@ -294,9 +306,10 @@ def _log_neg_g_prime(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     slope = b.mul_(q + z).div_(q)
     if u.numel():
         lo, hi = torch.aminmax(u)
-        if _any(hi > _u_max(u.dtype)):
+        beyond, below = _any_of(hi > _u_max(u.dtype), lo < _TAB_LO)      # one host read
+        if beyond:
             slope = torch.where(u > _u_max(u.dtype), torch.zeros_like(slope), slope)
-        if _any(lo < _TAB_LO):
+        if below:
             small = u < _TAB_LO
             t = _C_SMALL - u.clamp(max=_TAB_LO)
             q = torch.where(small, t.reciprocal(), q)

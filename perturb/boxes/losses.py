@@ -220,6 +220,15 @@ class PairSet:
     Build it once (e.g. the known positives of a training run, ``include_self=True`` to add
     every self pair ``(i, i)``) and pass it as ``known`` to :func:`sample_negatives`.
 
+    Membership is tested through hash buckets built with the set: a ``(B, width)`` table
+    whose row ``h(code) mod B`` holds the codes of that bucket (padded with −1; B the power of
+    2 at or above the set's size, h a xor-shift of the code, ``width`` the largest bucket, a
+    handful), so that a query reads one row, one scattered memory access, instead of the
+    log₂|set| dependent reads of a binary search (the hierarchy trainer's sampler: about 2×
+    faster on a CPU at 166k pairs, 19 MB of table). Exact: equal codes share their bucket. A
+    set whose largest bucket exceeds :data:`_BUCKET_WIDTH_MAX` codes, or whose table would
+    exceed :data:`_BUCKET_TABLE_MAX` entries, uses the binary search over the sorted codes.
+
     Args:
         pairs: integer tensor ``(m, 2)`` of ids in ``[0, num_entities)``.
         num_entities: number of entities (``num_entities² < 2⁶³``).
@@ -248,6 +257,29 @@ class PairSet:
             codes = torch.cat([codes, torch.arange(self.num_entities, device=dev)
                                * (self.num_entities + 1)])
         self.codes = torch.unique(codes)          # sorted
+        self._build_buckets()
+
+    def _build_buckets(self) -> None:
+        """The hash table of :attr:`codes` (class docstring): ``_table`` ``(B, width)``,
+        ``_mask`` = B − 1, ``_width`` (0: no table, use the binary search)."""
+        m = self.codes.numel()
+        self._mask = (1 << max(0, (m - 1).bit_length())) - 1
+        self._width = 0
+        if m == 0:
+            return
+        bucket = _bucket(self.codes, self._mask)
+        order = torch.argsort(bucket, stable=True)
+        counts = torch.bincount(bucket, minlength=self._mask + 1)
+        width = int(counts.max())
+        if width > _BUCKET_WIDTH_MAX or (self._mask + 1) * width > _BUCKET_TABLE_MAX:
+            return
+        sorted_bucket = bucket[order]
+        starts = counts.cumsum(0).sub_(counts)
+        rank = torch.arange(m, device=self.codes.device) - starts[sorted_bucket]
+        self._table = torch.full((self._mask + 1, width), -1, dtype=torch.long,
+                                 device=self.codes.device)
+        self._table[sorted_bucket, rank] = self.codes[order]
+        self._width = width
 
     @property
     def device(self) -> torch.device:
@@ -260,14 +292,22 @@ class PairSet:
         """The same set with its codes on ``device``."""
         out = PairSet.__new__(PairSet)
         out.num_entities, out.codes = self.num_entities, self.codes.to(device)
+        out._mask, out._width = self._mask, self._width
+        if self._width:
+            out._table = self._table.to(device)
         return out
 
     def contains_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """Membership of pair codes ``head · num_entities + tail`` (any shape, int64)."""
         if self.codes.numel() == 0:
             return torch.zeros(codes.shape, dtype=torch.bool, device=codes.device)
-        at = torch.searchsorted(self.codes, codes).clamp_(max=self.codes.numel() - 1)
-        return self.codes[at] == codes
+        if not self._width:
+            at = torch.searchsorted(self.codes, codes).clamp_(max=self.codes.numel() - 1)
+            return self.codes[at] == codes
+        # one row of the table per query; codes are >= 0, the padding -1
+        flat = codes.reshape(-1)
+        rows = self._table.index_select(0, _bucket(flat, self._mask))
+        return rows.eq_(flat.unsqueeze(-1)).any(dim=-1).reshape(codes.shape)
 
     def contains(self, pairs: torch.Tensor) -> torch.Tensor:
         """Whether each pair is in the set: ``(*batch, 2)`` ids -> ``(*batch,)`` bool, on the
@@ -278,6 +318,20 @@ class PairSet:
     def __repr__(self) -> str:
         return (f"PairSet({len(self)} pairs, num_entities={self.num_entities}, "
                 f"device={self.device})")
+
+
+#: Largest hash bucket of a :class:`PairSet` (codes compared per query) before it falls back
+#: to the binary search; uniform codes give about log m / log log m (7–9 at 10⁵–10⁶ pairs).
+_BUCKET_WIDTH_MAX = 32
+#: Largest hash table of a :class:`PairSet` (entries, 8 bytes each: 64 MB).
+_BUCKET_TABLE_MAX = 1 << 23
+
+
+def _bucket(codes: torch.Tensor, mask: int) -> torch.Tensor:
+    """The hash bucket of int64 pair codes: a xor-shift that folds the high bits (the head)
+    onto the low ones (the tail), then the low bits (``mask`` = B − 1)."""
+    h = codes ^ (codes >> 17)
+    return (h ^ (h >> 31)).bitwise_and_(mask)
 
 
 def _check_pair_tensor(t: object, num_entities: int, name: str, batched: bool) -> torch.Tensor:

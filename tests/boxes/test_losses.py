@@ -204,6 +204,28 @@ def test_pair_set_membership_and_errors():
         sample_negatives(torch.tensor([[0, 1]]), 5, known=known)
 
 
+def test_pair_set_hash_table_agrees_with_binary_search(generator, monkeypatch):
+    import perturb.boxes.losses as losses
+    n = 3000
+    pairs = torch.randint(0, n, (20000, 2), generator=generator)
+    pairs[:500, 1] = 7                                        # a popular tail: clustered codes
+    known = PairSet(pairs, n, include_self=True)
+    assert known._width > 0                                   # the table is in use
+    q = torch.cat([pairs[::7], torch.randint(0, n, (20000, 2), generator=generator),
+                   torch.arange(n).repeat(2, 1).T])
+    want = torch.isin(q[:, 0] * n + q[:, 1], known.codes)
+    assert want.sum() > 3000
+    assert torch.equal(known.contains(q), want)
+    assert torch.equal(known.to("cpu").contains(q.view(-1, 1, 2)), want.view(-1, 1))
+    # the binary search (a set whose buckets are too wide) gives the same answers
+    monkeypatch.setattr(losses, "_BUCKET_WIDTH_MAX", 0)
+    search = PairSet(pairs, n, include_self=True)
+    assert search._width == 0 and torch.equal(search.contains(q), want)
+    single = PairSet(torch.tensor([[2, 1]]), 3)
+    assert single.contains(torch.tensor([[2, 1], [1, 2], [0, 0]])).tolist() == [True, False,
+                                                                                 False]
+
+
 def _allowed(pair, n, known):
     """The corruptions of ``pair`` outside ``known``: the support of the filtered sampler."""
     c, p = pair

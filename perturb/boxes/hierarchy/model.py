@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from perturb._validation import check_int, check_tau
+from perturb.boxes._gumbel_pairs import gumbel_pair_scores
 from perturb.boxes.box import Box
 from perturb.boxes.embedding import BoxEmbedding
 # TODO(intersections.py owner): export this as a public name (log(1 − P) given log P); it is
@@ -27,11 +28,15 @@ from perturb.boxes.embedding import BoxEmbedding
 from perturb.boxes.expected_volumes import expected_volume, volume
 from perturb.boxes.intersections import (_log1m_containment, intersection,
                                          log1m_containment_prob, log_containment_prob)
+from perturb.boxes.hierarchy._gather import gather_rows
 from perturb.boxes.hierarchy.config import DEFAULT_NOISE, box_model, resolve_box_model
 from perturb.boxes.noise_records import noise_record
 from perturb.noise import Gumbel, Noise
 
 __all__ = ["BoxHierarchyModel", "PairScores", "check_model"]
+
+# dtypes of the fused Gumbel pair score (half types take the general, upcasting path)
+_FUSED_DTYPES = (torch.float32, torch.float64)
 
 
 class PairScores(NamedTuple):
@@ -149,14 +154,15 @@ class BoxHierarchyModel(nn.Module):
 
     def gather(self, ids: torch.Tensor, *, validate: bool = True) -> Box:
         """The boxes of ``ids`` (``(k,)`` integer, not range-checked: the trainer checks its
-        pairs once) by ``index_select`` on the parameters: the same boxes as
-        :meth:`forward`, whose ``F.embedding`` backward builds the dense ``(num_nodes, dim)``
-        gradient about 3× slower on the CPU. ``validate=False`` skips the NaN pass over the
-        parameters that runs while perturb's validation is on (the trainer's steps)."""
+        pairs once) by a row gather of the parameters: the same boxes as :meth:`forward`,
+        whose ``F.embedding`` backward builds the dense ``(num_nodes, dim)`` gradient about 3×
+        slower on the CPU; the gather's backward is ``index_put_``, 1.4–1.6× faster than
+        ``index_select``'s (:mod:`perturb.boxes.hierarchy._gather`). ``validate=False`` skips
+        the NaN pass over the parameters that runs while perturb's validation is on (the
+        trainer's steps)."""
         e = self.embedding
         ids = ids.to(device=e.param1.device, dtype=torch.long)
-        return e._make_box(e.param1.index_select(0, ids), e.param2.index_select(0, ids),
-                           validate)
+        return e._make_box(gather_rows(e.param1, ids), gather_rows(e.param2, ids), validate)
 
     @property
     def _gumbel_beta(self) -> float | None:
@@ -215,6 +221,11 @@ class BoxHierarchyModel(nn.Module):
         # zero tensor of the full size and the two are then added
         (lo_c, lo_p), (hi_c, hi_p) = box.lower.split(n_pairs), box.upper.split(n_pairs)
         cb, pb = Box._trusted(lo_c, hi_c), Box._trusted(lo_p, hi_p)
+        beta = self._gumbel_beta
+        if beta is not None and n_pairs < self.num_nodes and box.lower.dtype in _FUSED_DTYPES:
+            # Gumbel boxes: log P in one autograd node (perturb.boxes._gumbel_pairs)
+            return PairScores(*gumbel_pair_scores(box.lower, box.upper, n_pos, beta,
+                                                  self.volume_beta or beta))
         if n_pairs >= self.num_nodes:
             log_child = self.log_volume(validate=validate)[child.to(self.device)]
             return self.score_boxes(pb, cb, n_pos, log_child)

@@ -54,3 +54,38 @@ def test_method_strings_warn_and_build_the_same_model():
     assert old.noise == Normal(0.2) and old.beta == 0.2
     assert BoxHierarchyModel(4, 2).noise == Gumbel(0.01)
     assert "noise=Normal(scale=0.2)" in repr(BoxHierarchyModel(4, 2, Normal(0.2)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_gumbel_scores_match_the_general_path(dtype, monkeypatch):
+    """score_pairs of Gumbel boxes (one fused autograd node, perturb.boxes._gumbel_pairs)
+    against the composition it replaces: values and parameter gradients, with negatives nested
+    deep inside their parents (the first-order log(1 − P)) among random ones."""
+    import perturb.boxes.hierarchy.model as model_module
+    from perturb.boxes import Box
+    gen = torch.Generator().manual_seed(2)
+    n, d = 300, 4
+    m = BoxHierarchyModel(n, d, Gumbel(scale=0.01), volume_beta=0.1, dtype=dtype)
+    lo = torch.rand(n, d, dtype=dtype, generator=gen)
+    w = torch.rand(n, d, dtype=dtype, generator=gen) * 0.5 + 0.05
+    lo[30:60] = lo[:30] + 0.3 * w[:30]                       # 30..59 deep inside 0..29
+    w[30:60] = w[:30] * 0.3 * torch.rand(30, d, dtype=dtype, generator=gen)
+    m.embedding.set_boxes(Box(lo, lo + w))
+    child = torch.cat([torch.arange(30, 60), torch.randint(n, (150,), generator=gen),
+                       torch.arange(30, 60)])
+    parent = torch.cat([torch.arange(30), torch.randint(n, (150,), generator=gen),
+                        torch.arange(30)])
+    out = {}
+    for path, dtypes in (("fused", model_module._FUSED_DTYPES), ("general", ())):
+        monkeypatch.setattr(model_module, "_FUSED_DTYPES", dtypes)
+        m.zero_grad()
+        log_p, log1m = m.score_pairs(child, parent, 30, validate=False)
+        wts = torch.linspace(-1, 1, log1m.shape[0], dtype=dtype)
+        (log_p.sum() + (log1m * wts).sum()).backward()
+        out[path] = (log_p, log1m, m.embedding.param1.grad, m.embedding.param2.grad)
+    assert (out["general"][1][-30:] < -3).sum() >= 20        # the nested negatives
+    tol = dict(rtol=1e-10, atol=1e-10) if dtype == torch.float64 else dict(rtol=2e-5,
+                                                                            atol=2e-5)
+    for a, b in zip(out["fused"], out["general"]):
+        scale = b.abs().amax().clamp(min=1.0)
+        torch.testing.assert_close(a / scale, b / scale, **tol)

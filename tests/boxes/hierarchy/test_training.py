@@ -2,6 +2,8 @@
 schedule, the device-resident step (no host reads), reproducibility, checkpoints and resume."""
 from __future__ import annotations
 
+import math
+
 import networkx as nx
 import pytest
 import torch
@@ -18,7 +20,7 @@ from perturb.boxes.hierarchy import (
     transitive_closure,
 )
 from perturb.boxes.hierarchy.training import stalled_pairs
-from perturb.noise import Gumbel
+from perturb.noise import Gumbel, Normal
 
 # ----------------------------------------------------------------------------- training
 
@@ -153,7 +155,8 @@ def test_diagnostics_schedule():
         assert a == b
 
 
-def test_step_reads_nothing_back(monkeypatch):
+@pytest.mark.parametrize("n", [300, 3000])    # child volumes per node; the fused pair score
+def test_step_reads_nothing_back(monkeypatch, n):
     """A training step (diagnostics included) makes no host read: with the box core on its
     branch-free path (what it does on CUDA, where reads stall: regime checks assumed true,
     nested pairs computed densely), no `.item()`-like op remains except the CPU fused-Adam
@@ -168,8 +171,10 @@ def test_step_reads_nothing_back(monkeypatch):
     monkeypatch.setattr(vol, "_any", lambda cond: True)
     monkeypatch.setattr(sys.modules["perturb.boxes._bessel"], "_any", lambda cond: True)
     monkeypatch.setattr(inter, "reads_stall", lambda t: True)
+    monkeypatch.setattr(sys.modules["perturb.boxes._bessel"], "reads_stall", lambda t: True)
+    monkeypatch.setattr(sys.modules["perturb.boxes._gumbel_pairs"], "reads_stall",
+                        lambda t: True)
     gen = torch.Generator().manual_seed(0)
-    n = 300
     pos = torch.randint(n, (500, 2), generator=gen)
     cfg = HierarchyConfig(dim=4, sampler="fixed", negative_max_tries=8, volume_reg=0.1)
     model = BoxHierarchyModel(n, generator=gen, **cfg.model_kwargs())
@@ -359,3 +364,25 @@ def test_tiny_moments_are_zeroed_and_updates_unchanged():
         t.grad = torch.ones_like(t)
         opt.step()
     torch.testing.assert_close(p, q, rtol=0, atol=1e-20)
+
+
+def test_volume_quantiles_equal_torch_quantile():
+    from perturb.boxes.hierarchy.training import VOLUME_QUANTILES, _volume_quantiles
+    for x in (torch.randn(1001), torch.tensor([3.0]),
+              torch.tensor([-math.inf, 0.5, -math.inf, 2.0, 1.0])):
+        want = torch.quantile(x.double().clamp(min=-1e300),
+                              torch.tensor(VOLUME_QUANTILES, dtype=torch.float64))
+        assert _volume_quantiles(x) == want.tolist()
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(noise=None), dict(noise=None, temperature=0.3),
+                                dict(noise=Normal(0.05))])
+def test_log_p_given_volumes_equals_score_pairs(kw):
+    from perturb.boxes.hierarchy.evaluation import score_pairs
+    from perturb.boxes.hierarchy.training import _log_p_given_volumes
+    gen = torch.Generator().manual_seed(3)
+    model = BoxHierarchyModel(60, 3, generator=gen, dtype=torch.float64, **kw)
+    pairs = torch.randint(60, (40, 2), generator=gen)
+    with torch.no_grad():
+        got = _log_p_given_volumes(model, pairs, model.log_volume())
+    torch.testing.assert_close(got, score_pairs(model, pairs), rtol=1e-12, atol=1e-12)
