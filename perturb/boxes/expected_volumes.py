@@ -47,6 +47,7 @@ from perturb._math import log1mexp
 from perturb._validation import reads_stall
 from perturb.boxes._bessel import _any
 from perturb.boxes._noise_sides import side_closed_form
+from perturb.boxes._side_integral import log_side
 from perturb.boxes.box import Box, _broadcast_all, _width
 from perturb.boxes.volumes import (_log_gumbel_side_length, _log_hard_volume, _log_volume,
                                    _resolve_method, _sum_log_sides)
@@ -137,18 +138,22 @@ def _log_sides(lo: torch.Tensor, up: torch.Tensor, noise: Noise) -> torch.Tensor
     b = torch.maximum(left, right) - low
     a, b = torch.where(wide, left, a), torch.where(wide, left + width, b)     # unused there
     order = _SIDE_ORDER.get(type(noise), int(layout.order))
-    direct = _log_integral(lambda x: _log_g(lo, up, noise, x), a, b, width, order, coarse=True)
+    direct = _log_integral(lambda x: _log_g(lo, up, noise, x), a, b, width, order, coarse=True,
+                           last=lambda x, log_w: log_side(lo, up, x, log_w, noise))
     return direct if bulk is None else torch.where(wide, bulk, direct)
 
 
 def _log_integral(log_fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor,
-                  b: torch.Tensor, width: float, order: int, coarse: bool = False
+                  b: torch.Tensor, width: float, order: int, coarse: bool = False,
+                  last: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
                   ) -> torch.Tensor:
     """``log ∫_a^b exp(log_fn(x)) dx`` per element of ``a``/``b`` ``(*batch, d)``: composite
     Gauss–Legendre on panels no wider than ``width`` (at most ``_MAX_PANELS``), after
     ``_ZOOMS`` passes that narrow [a, b] onto the peak (:func:`_zoom`, without autograd;
     ``coarse``: ``_ZOOM_PANELS`` panels each, for log-concave integrands, else panels no wider
-    than ``width``). ``log_fn`` maps nodes ``(*batch, d, K)`` to the log integrand there."""
+    than ``width``). ``log_fn`` maps nodes ``(*batch, d, K)`` to the log integrand there;
+    ``last``, if given, maps the last pass's nodes and log weights to the result (a fused
+    pass with its own backward, :mod:`perturb.boxes._side_integral`)."""
     def panels(a: torch.Tensor, b: torch.Tensor, least: int) -> int:
         span = float((b - a).max()) if a.numel() else 0.0         # an empty batch: any grid
         return min(_MAX_PANELS, max(least, math.ceil(span / width)))
@@ -159,6 +164,8 @@ def _log_integral(log_fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tenso
             x, _ = _nodes(a, b, n, min(order, _ZOOM_ORDER))
             a, b = _zoom(x, log_fn(x), a, b)
     x, w = _nodes(a, b, panels(a, b, _ZOOM_PANELS), order)
+    if last is not None:
+        return last(x, torch.log(w))
     return torch.logsumexp(torch.log(w) + log_fn(x), dim=-1)
 
 
