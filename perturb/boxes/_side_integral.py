@@ -41,18 +41,19 @@ def _log_side_backward(grad: torch.Tensor, log_p: torch.Tensor, z_lo: torch.Tens
     """Gradients of the corners ``(m, *batch, d)`` from the log side's ``grad``
     ``(*batch, d)`` and the normalised log node weights ``log_p`` ``(*batch, d, K)`` (the
     formulas of the module docstring)."""
-    p = torch.exp(log_p)
-    hazard_lo, hazard_up = _hazard(noise, z_lo, log_cdf_lo), _hazard(noise, z_up, log_cdf_up)
-    return (-(hazard_lo * p).sum(-1) * grad, (hazard_up * p).sum(-1) * grad)
+    return (-_hazard_sum(noise, z_lo, log_cdf_lo, log_p) * grad,
+            _hazard_sum(noise, z_up, log_cdf_up, log_p) * grad)
 
 
-def _hazard(noise: Noise, z: torch.Tensor, log_cdf: torch.Tensor) -> torch.Tensor:
-    """``f(z)/F(z)`` given ``log F(z)``. Logistic: ``(1 − F(z))/s`` from ``log_sf`` (its
-    ``log_prob`` drops ``log1p(e^z)`` below z = −20 with softplus' threshold: 4e−9 relative
-    there); others: ``exp(log f − log F)``."""
+def _hazard_sum(noise: Noise, z: torch.Tensor, log_cdf: torch.Tensor, log_p: torch.Tensor
+                ) -> torch.Tensor:
+    """``Σ_k p_k f(z_k)/F(z_k)`` over the last dim, given ``log F(z)`` and ``log p``, as one
+    exponential per term (in place on the first fresh tensor). Logistic: ``f/F = (1 − F)/s`` from
+    ``log_sf`` (its ``log_prob`` drops ``log1p(e^z)`` below z = −20 with softplus' threshold:
+    4e−9 relative there); others: ``log f − log F``."""
     if type(noise) is Logistic:
-        return torch.exp(noise.log_sf(z)) / noise.scale
-    return torch.exp(noise.log_prob(z) - log_cdf)
+        return (noise.log_sf(z) + log_p).exp_().sum(-1).div_(noise.scale)
+    return (noise.log_prob(z) - log_cdf).add_(log_p).exp_().sum(-1)
 
 
 class _LogSide(torch.autograd.Function):

@@ -70,6 +70,8 @@ _ZOOMS = 2
 _ZOOM_DROP = 40.0
 _ZOOM_PANELS = 4
 _ZOOM_ORDER = 8
+# Kept nodes of every peak after which a coarse locating pass is the last one.
+_RESOLVED = 8
 # The sides' locating passes use _ZOOM_PANELS panels whatever the span: for a log-concave
 # integrand the kept nodes bracket the e^−40 range at any resolution (:func:`_zoom`), so a
 # coarse pass only shrinks less, and one deeply inverted side no longer sets the node count
@@ -162,7 +164,14 @@ def _log_integral(log_fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tenso
         n = _ZOOM_PANELS if coarse else panels(a, b, 1 if i == 0 else _ZOOM_PANELS)
         with torch.no_grad():
             x, _ = _nodes(a, b, n, min(order, _ZOOM_ORDER))
-            a, b = _zoom(x, log_fn(x), a, b)
+            a, b, kept = _zoom(x, log_fn(x), a, b)
+        # a coarse pass that kept many nodes of every peak, on nodes within half a panel of
+        # each other, leaves little to another (at most one panel of the last pass, and the
+        # peaks are resolved); narrow peaks (inverted sides under Gumbel-like tails) zoom on
+        if (coarse and i + 1 < _ZOOMS and a.numel()
+                and float((x[..., -1] - x[..., 0]).max()) <= x.shape[-1] * width / 2
+                and int(kept.min()) >= _RESOLVED):
+            break
     x, w = _nodes(a, b, panels(a, b, _ZOOM_PANELS), order)
     if last is not None:
         return last(x, torch.log(w))
@@ -253,12 +262,12 @@ def _log1m_near(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
 
 
 def _zoom(x: torch.Tensor, log_g: torch.Tensor, a: torch.Tensor, b: torch.Tensor
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The part of [a, b] where the integrand is within e^−40 of its largest node value,
     widened by one node on each side. ``log g`` is concave in x for log-concave noise (the
     built-in families), so the true peak lies within one node of the best node and the mass
     outside is below e^−40 of the total: the next pass resolves narrow peaks (Gumbel-like
-    lower tails make inverted sides very peaked)."""
+    lower tails make inverted sides very peaked). Also returns the number of kept nodes."""
     k = x.shape[-1]
     idx = torch.arange(k, device=x.device)
     keep = log_g >= log_g.amax(-1, keepdim=True) - _ZOOM_DROP
@@ -267,7 +276,7 @@ def _zoom(x: torch.Tensor, log_g: torch.Tensor, a: torch.Tensor, b: torch.Tensor
     new_a = torch.where(first > 0, x.gather(-1, (first - 1).clamp_min(0)), a.unsqueeze(-1))
     new_b = torch.where(last < k - 1, x.gather(-1, (last + 1).clamp_max(k - 1)),
                         b.unsqueeze(-1))
-    return new_a.squeeze(-1), new_b.squeeze(-1)
+    return new_a.squeeze(-1), new_b.squeeze(-1), (last - first + 1).squeeze(-1)
 
 
 def _log_expected_volume(lowers: list[torch.Tensor], uppers: list[torch.Tensor],
