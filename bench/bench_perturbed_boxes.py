@@ -125,7 +125,7 @@ def run(quick: bool = False) -> list[dict]:
             note = (f"largest relative error of the log volume against the closed form "
                     f"{err:.1e}" if name == "gumbel (quadrature)" else
                     "quadrature: 1–2 locating passes (4 panels × order 8) + 1 pass of ≥4 "
-                    "panels × order 12 per side")
+                    "panels (twice the noise's width) × order 16 per side")
             rows.append(row(f"log E[vol(a ∩ b)] fwd+bwd, {name} noise ({size})", times[name],
                             "Gumbel closed form (same run)", ref, ops=ops, note=note))
         loss = time_interleaved({

@@ -31,8 +31,8 @@ Evaluation, per coordinate, with :math:`g = \min_j u_j − \max_j l_j` (the hard
   :math:`[\min(L, U) + l_N, \max(L, U) − l_N]` (:math:`L = \max_j l_j`, :math:`U = \min_j u_j`,
   :math:`l_N` the noise's lower 1e-14 quantile, all placed on the detached corners), narrowed
   onto the peak by one or two coarse locating passes (``_zoom``), then panels of the
-  noise's width (:meth:`perturb.noise.Noise.quadrature_layout`; order 12 for Normal and
-  Logistic), at most 256 of them. Log space keeps the relative accuracy of the tiny sides of
+  noise's width (:meth:`perturb.noise.Noise.quadrature_layout`; twice that with order 16
+  for Normal and Logistic), at most 256 of them. Log space keeps the relative accuracy of the tiny sides of
   inverted boxes; a side inverted by more than 256 panel widths (about 600 scales for Normal
   noise, where the log side is below −9·10⁴) is integrated with wider panels and loses it
   (values and gradients stay finite).
@@ -43,8 +43,8 @@ integrals do not depend on where it sits), so they are exact to the same toleran
 forms and the wide sides are autograd through a few elementwise ops.
 
 Cost (bench/bench_perturbed_boxes.py, training-step row): the quadrature of a two-box side
-evaluates ``log F`` at 4 × (32 to 64 + 12·panels) nodes, about 100–200 for Normal and 250–400
-for Logistic noise at the widths of unit-cube boxes; that, not the closed forms, is what a
+evaluates ``log F`` at 4 × (32 to 64 + 16·panels) nodes, about 100–130 for Normal and
+200–250 for Logistic noise at scale 0.1 and the widths of unit-cube boxes; that, not the closed forms, is what a
 training step with Normal or Logistic boxes costs over the Gumbel closed form.
 """
 from __future__ import annotations
@@ -88,11 +88,14 @@ _RESOLVED = 8
 # integrand the kept nodes bracket the e^−40 range at any resolution (:func:`_zoom`), so a
 # coarse pass only shrinks less, and one deeply inverted side no longer sets the node count
 # of the whole batch's locating passes.
-# Order of the last pass of the sides for the built-in families (their declared orders, 16
-# and 20, serve the argmax integrands): on random pairs and inverted sides the log side is
-# within 8.2e-16 (Normal) and 6.0e-16 (Logistic) relative of a 4× finer order-24 rule with
-# order 12, 1.0e-14 and 4.7e-14 with order 10.
-_SIDE_ORDER: dict[type, int] = {Normal: 12, Logistic: 12}
+# Rule of the last pass of the sides for the built-in families: panels of twice the noise's
+# width, order 16 (their declared width and orders, 16 and 20, serve the argmax integrands).
+# On random pairs and sides inverted by 3 to 100 scales the log side is within 1.2e-15
+# (Normal) and 6.2e-16 (Logistic) relative of a 4× finer order-24 rule (the declared rule:
+# 8.0e-16 and 6.1e-16 with order 12; twice the width with order 12 loses digits, four times
+# with order 24 9.2e-15 for Logistic). Two thirds of the nodes of the declared width with
+# order 12 (tests/boxes/test_expected_volumes.py).
+_SIDE_RULE: dict[type, tuple[float, int]] = {Normal: (2.0, 16), Logistic: (2.0, 16)}
 
 def check_box_noise(noise: object, name: str = "noise") -> None:
     """ValueError unless ``noise`` is None or a continuous noise with a CDF and a density on
@@ -151,8 +154,9 @@ def _log_sides(lo: torch.Tensor, up: torch.Tensor, noise: Noise) -> torch.Tensor
     a = torch.minimum(left, right) + low
     b = torch.maximum(left, right) - low
     a, b = torch.where(wide, left, a), torch.where(wide, left + width, b)     # unused there
-    order = _SIDE_ORDER.get(type(noise), int(layout.order))
-    direct = _log_integral(lambda x: _log_g(lo, up, noise, x), a, b, width, order, coarse=True,
+    stretch, order = _SIDE_RULE.get(type(noise), (1.0, int(layout.order)))
+    direct = _log_integral(lambda x: _log_g(lo, up, noise, x), a, b, stretch * width, order,
+                           coarse=True,
                            last=lambda x, log_w: log_side(lo, up, x, log_w, noise))
     return direct if bulk is None else torch.where(wide, bulk, direct)
 
