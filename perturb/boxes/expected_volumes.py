@@ -32,10 +32,10 @@ Evaluation, per coordinate, with :math:`g = \min_j u_j − \max_j l_j` (the hard
   :math:`l_N` the noise's lower 1e-14 quantile, all placed on the detached corners), narrowed
   onto the peak by one or two coarse locating passes (``_zoom``), then panels of the
   noise's width (:meth:`perturb.noise.Noise.quadrature_layout`; twice that with order 16
-  for Normal and Logistic), at most 256 of them. Log space keeps the relative accuracy of the tiny sides of
-  inverted boxes; a side inverted by more than 256 panel widths (about 600 scales for Normal
-  noise, where the log side is below −9·10⁴) is integrated with wider panels and loses it
-  (values and gradients stay finite).
+  for Normal and Logistic), at most 256 of them. Log space keeps the relative accuracy of
+  the tiny sides of inverted boxes; a side inverted by more than 256 panel widths (about 600
+  scales for Normal noise, where the log side is below −9·10⁴) is integrated with wider
+  panels and loses it (values and gradients stay finite).
 
 Gradients: the last pass is one autograd Function whose backward is the quadrature of the
 derivative on the same nodes (``perturb/boxes/_side_integral.py``; the grid is detached: the
@@ -44,8 +44,9 @@ forms and the wide sides are autograd through a few elementwise ops.
 
 Cost (bench/bench_perturbed_boxes.py, training-step row): the quadrature of a two-box side
 evaluates ``log F`` at 4 × (32 to 64 + 16·panels) nodes, about 100–130 for Normal and
-200–250 for Logistic noise at scale 0.1 and the widths of unit-cube boxes; that, not the closed forms, is what a
-training step with Normal or Logistic boxes costs over the Gumbel closed form.
+200–250 for Logistic noise at scale 0.1 and the widths of unit-cube boxes; that, not the
+closed forms, is what a training step with Normal or Logistic boxes costs over the Gumbel
+closed form.
 """
 from __future__ import annotations
 
@@ -355,9 +356,10 @@ def expected_volume(*boxes: Box, noise: Noise | None = None, log: bool = False) 
     gives the Gumbel boxes of Dasgupta et al.: the result equals
     ``volume(intersection(*boxes, beta=β), beta=β)`` (closed form, the fast path); Normal,
     Logistic and user noises are integrated by quadrature (float64, relative error ~1e-12 on
-    the log volume; one box under Normal or Logistic noise in closed form); ``noise=None`` is the zero-noise limit, the hard volume. The softplus
-    ("soft") volume of Li et al. smooths the hard volume and is no noise's expectation: it is
-    :func:`perturb.boxes.volume` with ``temperature=``.
+    the log volume; one box under Normal or Logistic noise in closed form); ``noise=None``
+    is the zero-noise limit, the hard volume. The softplus ("soft") volume of Li et al.
+    smooths the hard volume and is no noise's expectation: it is :func:`perturb.boxes.volume`
+    with ``temperature=``.
 
     Args:
         *boxes: one or more :class:`~perturb.boxes.Box` (same d, dtype and device; batch shapes
