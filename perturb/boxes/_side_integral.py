@@ -20,12 +20,15 @@ differentiable (a second derivative raises).
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from perturb.noise import Logistic, Noise
+from perturb.noise import Logistic, Noise, Normal
+
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
 def _differences(lo: torch.Tensor, up: torch.Tensor, x: torch.Tensor
@@ -51,9 +54,24 @@ def _hazard_sum(noise: Noise, z: torch.Tensor, log_cdf: torch.Tensor, log_p: tor
     exponential per term (in place on the first fresh tensor). Logistic: ``f/F = (1 − F)/s`` from
     ``log_sf`` (its ``log_prob`` drops ``log1p(e^z)`` below z = −20 with softplus' threshold:
     4e−9 relative there); others: ``log f − log F``."""
-    if type(noise) is Logistic:
-        return (noise.log_sf(z) + log_p).exp_().sum(-1).div_(noise.scale)
+    if type(noise) is Logistic:     # log S(z) = log σ(−z/s), in place on the fresh z
+        t = torch.nn.functional.logsigmoid(z.div_(-float(noise.scale)))
+        return t.add_(log_p).exp_().sum(-1).div_(noise.scale)
+    if type(noise) is Normal:       # log φ(z/σ) in place on the fresh z: fewer passes
+        s = float(noise.scale)
+        t = z.div_(s).square_().mul_(-0.5).sub_(log_cdf).add_(log_p).exp_()
+        return t.sum(-1).mul_(math.exp(-_LOG_SQRT_2PI) / s)
     return (noise.log_prob(z) - log_cdf).add_(log_p).exp_().sum(-1)
+
+
+def _log_cdf(noise: Noise, z: torch.Tensor) -> torch.Tensor:
+    """``noise.log_cdf(z)``; Normal and Logistic (exactly those classes) standardise the
+    fresh ``z`` in place, saving a temporary of the node terms' size."""
+    if type(noise) is Normal:
+        return torch.special.log_ndtr(z.div_(float(noise.scale)))
+    if type(noise) is Logistic:
+        return torch.nn.functional.logsigmoid(z.div_(float(noise.scale)))
+    return noise.log_cdf(z)
 
 
 class _LogSide(torch.autograd.Function):
@@ -65,7 +83,7 @@ class _LogSide(torch.autograd.Function):
     def forward(lo: torch.Tensor, up: torch.Tensor, x: torch.Tensor, log_w: torch.Tensor,
                 noise: Noise) -> tuple[torch.Tensor, ...]:
         z_lo, z_up = _differences(lo, up, x)
-        log_cdf_lo, log_cdf_up = noise.log_cdf(z_lo), noise.log_cdf(z_up)
+        log_cdf_lo, log_cdf_up = _log_cdf(noise, z_lo), _log_cdf(noise, z_up)
         terms = log_w + log_cdf_lo.sum(0) + log_cdf_up.sum(0)
         out = torch.logsumexp(terms, -1)
         # the node terms go out as outputs (not differentiable) so that the backward reuses

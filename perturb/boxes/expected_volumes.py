@@ -60,7 +60,7 @@ from perturb._math import log1mexp
 from perturb._validation import reads_stall
 from perturb.boxes._bessel import _any
 from perturb.boxes._noise_sides import side_closed_form
-from perturb.boxes._side_integral import log_side
+from perturb.boxes._side_integral import _log_cdf, log_side
 from perturb.boxes.box import Box, _broadcast_all, _width
 from perturb.boxes.volumes import (_log_gumbel_side_length, _log_hard_volume, _log_volume,
                                    _resolve_method, _sum_log_sides)
@@ -205,8 +205,8 @@ def _nodes(a: torch.Tensor, b: torch.Tensor, n: int, order: int
 
 def _log_g(lo: torch.Tensor, up: torch.Tensor, noise: Noise, x: torch.Tensor) -> torch.Tensor:
     """``Σ_j log F(x − l_j) + Σ_j log F(u_j − x)`` at nodes ``x`` ``(*batch, d, K)``."""
-    return (noise.log_cdf(x.unsqueeze(0) - lo.unsqueeze(-1)).sum(0)
-            + noise.log_cdf(up.unsqueeze(-1) - x.unsqueeze(0)).sum(0))
+    return (_log_cdf(noise, x.unsqueeze(0) - lo.unsqueeze(-1)).sum(0)
+            + _log_cdf(noise, up.unsqueeze(-1) - x.unsqueeze(0)).sum(0))
 
 
 def _log1m_ratio(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
