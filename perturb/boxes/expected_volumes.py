@@ -23,17 +23,30 @@ Evaluation, per coordinate, with :math:`g = \min_j u_j − \max_j l_j` (the hard
   side never meet within mass 1e-14): :math:`E[\min_j U_j] − E[\max_j L_j]`, two expected
   maxima (:meth:`perturb.noise.Noise.expected_max`), exact to its quadrature error (about
   1e-13 absolute); the side is at least :math:`g − 2h`, so no cancellation.
+- **One box under Normal or Logistic noise** (the volumes of single boxes, the denominators
+  of containment): the closed forms of ``perturb/boxes/_noise_sides.py`` (the side is
+  ``g − S`` with ``S`` the sum of two draws).
 - **Other sides**: the integral above in log space (a log-sum-exp of log weights plus
   :math:`\sum_j \log F`), composite Gauss–Legendre in float64 over
   :math:`[\min(L, U) + l_N, \max(L, U) − l_N]` (:math:`L = \max_j l_j`, :math:`U = \min_j u_j`,
-  :math:`l_N` the noise's lower 1e-14 quantile, all placed on the detached corners), panels of
-  the noise's width (:meth:`perturb.noise.Noise.quadrature_layout`), at most 256 of them. Log
-  space keeps the relative accuracy of the tiny sides of inverted boxes; a side inverted by
-  more than 256 panel widths (about 600 scales for Normal noise, where the log side is below
-  −9·10⁴) is integrated with wider panels and loses it (values and gradients stay finite).
+  :math:`l_N` the noise's lower 1e-14 quantile, all placed on the detached corners), narrowed
+  onto the peak by one or two coarse locating passes (``_zoom``), then panels of the
+  noise's width (:meth:`perturb.noise.Noise.quadrature_layout`; twice that with order 16
+  for Normal and Logistic), at most 256 of them. Log space keeps the relative accuracy of
+  the tiny sides of inverted boxes; a side inverted by more than 256 panel widths (about 600
+  scales for Normal noise, where the log side is below −9·10⁴) is integrated with wider
+  panels and loses it (values and gradients stay finite).
 
-Gradients are autograd through the quadrature (the grid is detached: the integrals do not
-depend on where it sits), so they are exact to the same tolerance.
+Gradients: the last pass is one autograd Function whose backward is the quadrature of the
+derivative on the same nodes (``perturb/boxes/_side_integral.py``; the grid is detached: the
+integrals do not depend on where it sits), so they are exact to the same tolerance; the closed
+forms and the wide sides are autograd through a few elementwise ops.
+
+Cost (bench/bench_perturbed_boxes.py, training-step row): the quadrature of a two-box side
+evaluates ``log F`` at 4 × (32 to 64 + 16·panels) nodes, about 100–130 for Normal and
+200–250 for Logistic noise at scale 0.1 and the widths of unit-cube boxes; that, not the
+closed forms, is what a training step with Normal or Logistic boxes costs over the Gumbel
+closed form.
 """
 from __future__ import annotations
 
@@ -44,10 +57,14 @@ import torch
 
 from perturb._deprecation import warn_future
 from perturb._math import log1mexp
+from perturb._validation import reads_stall
+from perturb.boxes._bessel import _any
+from perturb.boxes._noise_sides import side_closed_form
+from perturb.boxes._side_integral import _log_cdf, log_side
 from perturb.boxes.box import Box, _broadcast_all, _width
 from perturb.boxes.volumes import (_log_gumbel_side_length, _log_hard_volume, _log_volume,
                                    _resolve_method, _sum_log_sides)
-from perturb.noise import Gumbel, Noise
+from perturb.noise import Gumbel, Logistic, Noise, Normal
 from perturb.noise._args import check_noise
 from perturb.noise._quadrature import gl_pieces
 
@@ -66,7 +83,20 @@ _ZOOMS = 2
 _ZOOM_DROP = 40.0
 _ZOOM_PANELS = 4
 _ZOOM_ORDER = 8
-
+# Kept nodes of every peak after which a coarse locating pass is the last one.
+_RESOLVED = 8
+# The sides' locating passes use _ZOOM_PANELS panels whatever the span: for a log-concave
+# integrand the kept nodes bracket the e^−40 range at any resolution (:func:`_zoom`), so a
+# coarse pass only shrinks less, and one deeply inverted side no longer sets the node count
+# of the whole batch's locating passes.
+# Rule of the last pass of the sides for the built-in families: panels of twice the noise's
+# width, order 16 (their declared width and orders, 16 and 20, serve the argmax integrands).
+# On random pairs and sides inverted by 3 to 100 scales the log side is within 1.2e-15
+# (Normal) and 6.2e-16 (Logistic) relative of a 4× finer order-24 rule (the declared rule:
+# 8.0e-16 and 6.1e-16 with order 12; twice the width with order 12 loses digits, four times
+# with order 24 9.2e-15 for Logistic). Two thirds of the nodes of the declared width with
+# order 12 (tests/boxes/test_expected_volumes.py).
+_SIDE_RULE: dict[type, tuple[float, int]] = {Normal: (2.0, 16), Logistic: (2.0, 16)}
 
 def check_box_noise(noise: object, name: str = "noise") -> None:
     """ValueError unless ``noise`` is None or a continuous noise with a CDF and a density on
@@ -105,6 +135,9 @@ def _log_sides(lo: torch.Tensor, up: torch.Tensor, noise: Noise) -> torch.Tensor
     """log E[(min_j U_j − max_j L_j)_+] for the m boxes ``lo, up`` ``(m, *batch, d)`` (finite,
     float64), ``(*batch, d)``; the engine of the module docstring."""
     m = lo.shape[0]
+    closed = side_closed_form(noise) if m == 1 else None
+    if closed is not None:          # one box under Normal or Logistic noise: elementary
+        return closed(up[0] - lo[0])
     layout = noise.quadrature_layout(max(m, 2))
     low, high, width = float(layout.low), float(layout.high), float(layout.width)
     left, right = lo.detach().amax(0), up.detach().amin(0)
@@ -122,27 +155,43 @@ def _log_sides(lo: torch.Tensor, up: torch.Tensor, noise: Noise) -> torch.Tensor
     a = torch.minimum(left, right) + low
     b = torch.maximum(left, right) - low
     a, b = torch.where(wide, left, a), torch.where(wide, left + width, b)     # unused there
-    direct = _log_integral(lambda x: _log_g(lo, up, noise, x), a, b, width, int(layout.order))
+    stretch, order = _SIDE_RULE.get(type(noise), (1.0, int(layout.order)))
+    direct = _log_integral(lambda x: _log_g(lo, up, noise, x), a, b, stretch * width, order,
+                           coarse=True,
+                           last=lambda x, log_w: log_side(lo, up, x, log_w, noise))
     return direct if bulk is None else torch.where(wide, bulk, direct)
 
 
 def _log_integral(log_fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor,
-                  b: torch.Tensor, width: float, order: int) -> torch.Tensor:
+                  b: torch.Tensor, width: float, order: int, coarse: bool = False,
+                  last: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+                  ) -> torch.Tensor:
     """``log ∫_a^b exp(log_fn(x)) dx`` per element of ``a``/``b`` ``(*batch, d)``: composite
     Gauss–Legendre on panels no wider than ``width`` (at most ``_MAX_PANELS``), after
-    ``_ZOOMS`` passes that narrow [a, b] onto the peak (:func:`_zoom`, without autograd).
-    ``log_fn`` maps nodes ``(*batch, d, K)`` to the log integrand there."""
+    ``_ZOOMS`` passes that narrow [a, b] onto the peak (:func:`_zoom`, without autograd;
+    ``coarse``: ``_ZOOM_PANELS`` panels each, for log-concave integrands, else panels no wider
+    than ``width``). ``log_fn`` maps nodes ``(*batch, d, K)`` to the log integrand there;
+    ``last``, if given, maps the last pass's nodes and log weights to the result (a fused
+    pass with its own backward, ``perturb/boxes/_side_integral.py``)."""
     def panels(a: torch.Tensor, b: torch.Tensor, least: int) -> int:
         span = float((b - a).max()) if a.numel() else 0.0         # an empty batch: any grid
         return min(_MAX_PANELS, max(least, math.ceil(span / width)))
 
-    n = panels(a, b, 1)
-    for _ in range(_ZOOMS):
+    for i in range(_ZOOMS):
+        n = _ZOOM_PANELS if coarse else panels(a, b, 1 if i == 0 else _ZOOM_PANELS)
         with torch.no_grad():
             x, _ = _nodes(a, b, n, min(order, _ZOOM_ORDER))
-            a, b = _zoom(x, log_fn(x), a, b)
-        n = panels(a, b, _ZOOM_PANELS)
-    x, w = _nodes(a, b, n, order)
+            a, b, kept = _zoom(x, log_fn(x), a, b)
+        # a coarse pass that kept many nodes of every peak, on nodes within half a panel of
+        # each other, leaves little to another (at most one panel of the last pass, and the
+        # peaks are resolved); narrow peaks (inverted sides under Gumbel-like tails) zoom on
+        if (coarse and i + 1 < _ZOOMS and a.numel()
+                and float((x[..., -1] - x[..., 0]).max()) <= x.shape[-1] * width / 2
+                and int(kept.min()) >= _RESOLVED):
+            break
+    x, w = _nodes(a, b, panels(a, b, _ZOOM_PANELS), order)
+    if last is not None:
+        return last(x, torch.log(w))
     return torch.logsumexp(torch.log(w) + log_fn(x), dim=-1)
 
 
@@ -156,14 +205,41 @@ def _nodes(a: torch.Tensor, b: torch.Tensor, n: int, order: int
 
 def _log_g(lo: torch.Tensor, up: torch.Tensor, noise: Noise, x: torch.Tensor) -> torch.Tensor:
     """``Σ_j log F(x − l_j) + Σ_j log F(u_j − x)`` at nodes ``x`` ``(*batch, d, K)``."""
-    return (noise.log_cdf(x.unsqueeze(0) - lo.unsqueeze(-1)).sum(0)
-            + noise.log_cdf(up.unsqueeze(-1) - x.unsqueeze(0)).sum(0))
+    return (_log_cdf(noise, x.unsqueeze(0) - lo.unsqueeze(-1)).sum(0)
+            + _log_cdf(noise, up.unsqueeze(-1) - x.unsqueeze(0)).sum(0))
 
 
 def _log1m_ratio(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
                  up_b: torch.Tensor, noise: Noise) -> torch.Tensor:
     r"""``log(1 − E[vol(a ∩ b)] / E[vol(b)])`` for finite float64 corners ``(*batch, d)``,
     accurate when ``b`` lies deep inside ``a`` (where the ratio rounds to 1).
+
+    Pairs with :math:`P = \prod_i s_{ab,i}/s_{b,i} ≤ 1/2` take ``log1mexp(log P)``, which is
+    well conditioned there (its derivative in ``log P`` is at most 1); the others (b nearly
+    inside a, where 1 − P cancels) integrate what b loses (:func:`_log1m_near`), on those
+    pairs only (one host read; on CUDA and under tracing every pair, ``reads_stall``).
+    """
+    log_b = _log_sides(lo_b.unsqueeze(0), up_b.unsqueeze(0), noise)
+    log_ab = _log_sides(torch.stack([lo_a, lo_b]), torch.stack([up_a, up_b]), noise)
+    log_p = (log_ab - log_b).clamp(max=0.0).sum(-1)
+    far = log_p <= -_LOG2
+    out = log1mexp(torch.where(far, log_p, torch.full_like(log_p, -1.0)))
+    if not _any((~far).any()):
+        return out
+    if log_p.dim() == 0 or reads_stall(log_p):
+        near = _log1m_near(lo_a, up_a, lo_b, up_b, log_b, log_ab, noise)
+        return torch.where(far, out, near)
+    rows = (~far).nonzero(as_tuple=True)
+    near = _log1m_near(lo_a[rows], up_a[rows], lo_b[rows], up_b[rows], log_b[rows],
+                       log_ab[rows], noise)
+    return out.index_put(rows, near)
+
+
+def _log1m_near(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
+                up_b: torch.Tensor, log_b: torch.Tensor, log_ab: torch.Tensor, noise: Noise
+                ) -> torch.Tensor:
+    r"""``log(1 − P)`` of :func:`_log1m_ratio` for nearly nested pairs, given the log sides
+    ``log_b`` of b and ``log_ab`` of a ∩ b ``(*batch, d)``.
 
     Per coordinate the side of b loses :math:`δ = s_b − s_{ab} = \int g_b(x)(1 − h_a(x))\,dx`
     in the intersection (:math:`g_b` the integrand of b's side, :math:`h_a = F(x − l_a)
@@ -176,8 +252,6 @@ def _log1m_ratio(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
     """
     layout = noise.quadrature_layout(2)
     low, width, order = float(layout.low), float(layout.width), int(layout.order)
-    log_b = _log_sides(lo_b.unsqueeze(0), up_b.unsqueeze(0), noise)
-    log_ab = _log_sides(torch.stack([lo_a, lo_b]), torch.stack([up_a, up_b]), noise)
     with torch.no_grad():
         mid = (lo_b + up_b) / 2
         start = torch.minimum(torch.minimum(lo_a, lo_b), up_b) + low
@@ -205,12 +279,12 @@ def _log1m_ratio(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
 
 
 def _zoom(x: torch.Tensor, log_g: torch.Tensor, a: torch.Tensor, b: torch.Tensor
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The part of [a, b] where the integrand is within e^−40 of its largest node value,
     widened by one node on each side. ``log g`` is concave in x for log-concave noise (the
     built-in families), so the true peak lies within one node of the best node and the mass
     outside is below e^−40 of the total: the next pass resolves narrow peaks (Gumbel-like
-    lower tails make inverted sides very peaked)."""
+    lower tails make inverted sides very peaked). Also returns the number of kept nodes."""
     k = x.shape[-1]
     idx = torch.arange(k, device=x.device)
     keep = log_g >= log_g.amax(-1, keepdim=True) - _ZOOM_DROP
@@ -219,7 +293,7 @@ def _zoom(x: torch.Tensor, log_g: torch.Tensor, a: torch.Tensor, b: torch.Tensor
     new_a = torch.where(first > 0, x.gather(-1, (first - 1).clamp_min(0)), a.unsqueeze(-1))
     new_b = torch.where(last < k - 1, x.gather(-1, (last + 1).clamp_max(k - 1)),
                         b.unsqueeze(-1))
-    return new_a.squeeze(-1), new_b.squeeze(-1)
+    return new_a.squeeze(-1), new_b.squeeze(-1), (last - first + 1).squeeze(-1)
 
 
 def _log_expected_volume(lowers: list[torch.Tensor], uppers: list[torch.Tensor],
@@ -282,9 +356,10 @@ def expected_volume(*boxes: Box, noise: Noise | None = None, log: bool = False) 
     gives the Gumbel boxes of Dasgupta et al.: the result equals
     ``volume(intersection(*boxes, beta=β), beta=β)`` (closed form, the fast path); Normal,
     Logistic and user noises are integrated by quadrature (float64, relative error ~1e-12 on
-    the log volume); ``noise=None`` is the zero-noise limit, the hard volume. The softplus
-    ("soft") volume of Li et al. smooths the hard volume and is no noise's expectation: it is
-    :func:`perturb.boxes.volume` with ``temperature=``.
+    the log volume; one box under Normal or Logistic noise in closed form); ``noise=None``
+    is the zero-noise limit, the hard volume. The softplus ("soft") volume of Li et al.
+    smooths the hard volume and is no noise's expectation: it is :func:`perturb.boxes.volume`
+    with ``temperature=``.
 
     Args:
         *boxes: one or more :class:`~perturb.boxes.Box` (same d, dtype and device; batch shapes

@@ -418,3 +418,72 @@ def test_volume_noise_excludes_the_other_models(kw, match):
         volume(b, noise=Normal(0.1), **kw)
     with pytest.raises(ValueError, match="bounded support"):
         volume(b, noise=Uniform())
+
+
+@pytest.mark.parametrize("noise", [Normal(0.1), Logistic(0.1)], ids=["normal", "logistic"])
+def test_log1m_far_pairs_equal_the_loss_integral(noise):
+    """Pairs with P <= 1/2 take log1mexp(log P); on them the loss integral (what the nearly
+    nested pairs take, and every pair took before) gives the same log(1 − P) to 1e-12
+    relative, or 1e-14 absolute where log(1 − P) ≈ −P is small (there the integral forms
+    log(1 − P) as the log of a sum near 1, which log1mexp(log P) does not), and a batch
+    mixing both kinds equals its pairs computed alone (values and gradients)."""
+    from perturb.boxes.expected_volumes import _log1m_near, _log1m_ratio, _log_sides
+    g = torch.Generator().manual_seed(5)
+    lo_a = torch.rand(40, 4, generator=g, dtype=F64)
+    up_a = lo_a + 0.1 + 0.4 * torch.rand(40, 4, generator=g, dtype=F64)
+    lo_b = torch.rand(40, 4, generator=g, dtype=F64)
+    up_b = lo_b + 0.1 + 0.4 * torch.rand(40, 4, generator=g, dtype=F64)
+    lo_a[:5], up_a[:5] = -0.5, 2.0                      # b nearly nested in a: the integral
+    log_b = _log_sides(lo_b.unsqueeze(0), up_b.unsqueeze(0), noise)
+    log_ab = _log_sides(torch.stack([lo_a, lo_b]), torch.stack([up_a, up_b]), noise)
+    near = _log1m_near(lo_a, up_a, lo_b, up_b, log_b, log_ab, noise)
+    corners = [t.clone().requires_grad_() for t in (lo_a, up_a, lo_b, up_b)]
+    got = _log1m_ratio(*corners, noise)
+    far = (log_ab - log_b).clamp(max=0).sum(-1) <= -math.log(2)
+    assert 0 < int(far.sum()) < 40
+    torch.testing.assert_close(got[far].detach(), near[far], rtol=1e-12, atol=1e-14)
+    got.sum().backward()
+    for i in (0, 3, 7):
+        one = [t[i:i + 1].clone().requires_grad_() for t in (lo_a, up_a, lo_b, up_b)]
+        alone = _log1m_ratio(*one, noise)
+        alone.sum().backward()
+        torch.testing.assert_close(got[i:i + 1].detach(), alone.detach(), rtol=1e-12, atol=0)
+        for full, part in zip(corners, one):
+            torch.testing.assert_close(full.grad[i:i + 1], part.grad, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("cls", [Normal, Logistic, _QuadratureGumbel],
+                         ids=["normal", "logistic", "gumbel"])
+def test_sides_of_two_boxes_match_a_finer_rule(cls, monkeypatch):
+    """The coarse locating passes and the last pass (twice the width, order 16 for
+    Normal/Logistic) against a rule 4× finer than the noise's layout, of order 24, with two
+    fine locating passes: random
+    pairs and sides inverted by 3 to 600 scales (20 for Gumbel), log sides within 2e-15
+    relative."""
+    import perturb.boxes.expected_volumes as ev
+    g = torch.Generator().manual_seed(2)
+    lo = torch.rand(2, 300, generator=g, dtype=F64)
+    up = lo + 0.1 + 0.4 * torch.rand(2, 300, generator=g, dtype=F64)
+    # Gumbel sides inverted by 30 scales have log sides of −6.5e6, where the quadrature (old
+    # and new) is 1e-10 from the closed form: its deep inversions are tested against it above
+    depth = torch.tensor([3.0, 20.0] + ([] if cls is _QuadratureGumbel else [30.0, 100.0, 600.0]),
+                         dtype=F64) * 0.1
+    k = len(depth)
+    lo = torch.cat([lo, torch.stack([torch.zeros(k, dtype=F64), 1.0 + depth])], 1)
+    up = torch.cat([up, torch.stack([torch.ones(k, dtype=F64), 2.0 + depth])], 1)
+    got = ev._log_sides(lo, up, cls(0.1))
+
+    class Fine(cls):
+        def quadrature_layout(self, d):
+            layout = super().quadrature_layout(d)
+            return type(layout)(layout.low, layout.high, layout.width / 4, 24)
+
+    monkeypatch.setattr(ev, "_MAX_PANELS", 4096)
+    monkeypatch.setattr(ev, "_SIDE_RULE", {})
+    monkeypatch.setattr(ev, "log_side", lambda lo_, up_, x, log_w, noise: torch.logsumexp(
+        log_w + ev._log_g(lo_, up_, noise, x), -1))
+    want = ev._log_integral
+    monkeypatch.setattr(ev, "_log_integral", lambda *args, coarse=False, last=None:
+                        want(*args))
+    ref = ev._log_sides(lo, up, Fine(0.1))
+    assert float(((got - ref).abs() / ref.abs().clamp_min(1.0)).max()) < 2e-15
