@@ -113,10 +113,9 @@ class _KSubsetMarginals(torch.autograd.Function):
     r"""μ(y) = ∇ log e_k(e^y) by the inside–outside tree; backward μ̇ = Cov_q(z) ḡ (symmetric).
 
     Inputs: shifted scores ys ``(B, n)``, the tilt ν ``(B, 1)`` (a constant) and k. Outputs: μ
-    ``(B, n)`` and, non-differentiable, p = σ(ys − ν) ``(B, n)``, then the tables the backward
-    needs, in two lists of equal length: [P, I_0, …, I_{L−1}] (subset probabilities of the leaf
-    blocks and the inside tables below the root) and [O_0, …, O_L] (outside tables). The
-    backward is computed once (``once_differentiable``); for higher orders use
+    ``(B, n)`` and, non-differentiable, the tables the backward needs (count-major,
+    :mod:`perturb.structured.subsets._tree`): [I_0, …, I_{L−1}] (the leaves [1 − p, p] and the
+    inside tables below the root), then [O_0, …, O_L] (outside tables, one more). The backward is computed once (``once_differentiable``); for higher orders use
     ``backward="unroll"``.
     """
 
@@ -124,12 +123,10 @@ class _KSubsetMarginals(torch.autograd.Function):
 
     @staticmethod
     def forward(ys, nu, k):
-        x = ys - nu
-        p = _tree._probs(x)
-        P, *ins = _tree._inside(p, k)
+        ins = _tree._inside(_tree._leaves(ys - nu), k)
         outs = _tree._outside(ins, k)
-        mu = _tree._leaf_marginals(P, outs[0], k, ys.shape[0])[:, :ys.shape[-1]]
-        return (mu, p[:, :ys.shape[-1]], P, *ins[:-1], *outs)
+        mu = _tree._leaf_marginals(ins[0], outs[0])[:, :ys.shape[-1]]
+        return (mu, *ins[:max(1, len(ins) - 1)], *outs)     # n = 1: the leaves are the root
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -144,31 +141,32 @@ class _KSubsetMarginals(torch.autograd.Function):
     def backward(ctx, g, *_):
         if g is None or not ctx.needs_input_grad[0]:
             return None, None, None
-        mu, p, *tables = ctx.saved_tensors
+        _, *tables = ctx.saved_tensors
         half = len(tables) // 2
-        return _marginals_vjp(p, tables[:half], tables[half:], mu, g, ctx.k), None, None
+        return _marginals_vjp(tables[:half], tables[half:], g, ctx.k), None, None
 
 
-def _marginals_vjp(p: torch.Tensor, levels: list[torch.Tensor], outs: list[torch.Tensor],
-                   mu: torch.Tensor, g: torch.Tensor, k: int) -> torch.Tensor:
+def _marginals_vjp(levels: list[torch.Tensor], outs: list[torch.Tensor], g: torch.Tensor,
+                   k: int) -> torch.Tensor:
     """Cov_q(z) g: the symmetric Jacobian of the marginals applied to g. Pure; tests call it.
 
-    Shapes: p = σ(ys − ν), mu, g ``(B, n)``; ``levels``/``outs`` the two table lists returned by
-    :class:`_KSubsetMarginals`; output ``(B, n)``. (μ itself is recomputed at the leaves, padded.)
+    Shapes: g ``(B, n)``; ``levels``/``outs`` the two table lists returned by
+    :class:`_KSubsetMarginals` (count-major, :mod:`perturb.structured.subsets._tree`); output
+    ``(B, n)``.
     """
-    n, N = g.shape[-1], levels[0].shape[-1] // g.shape[0] * _tree._LEAF
+    n, N = g.shape[-1], levels[0].shape[1]
     g = F.pad(g, (0, N - n)) if N > n else g
-    return _tree._marginals_jvp(levels[0], levels[1:], outs, g, k)[:, :n]
+    return _tree._marginals_jvp(levels, outs, g, k)[:, :n]
 
 
 def _log_partition_tilted(ys: torch.Tensor, nu: torch.Tensor, k: int) -> torch.Tensor:
     """A(ys) = log P_ν(N = k) + Σ softplus(ys − ν) + kν, plain torch ops; ``(B, n) -> (B,)``."""
     x = ys - nu
-    root = _tree._inside(_tree._probs(x), k)[-1]
+    root = _tree._inside(_tree._leaves(x), k)[-1][:, 0]
     # softplus as max(x, 0) + log1p(e^{−|x|}): exact (F.softplus returns x itself above
     # x = 20, off by e^{-20}) and twice differentiable at any x (the double backward of
     # torch.logaddexp overflows for the gaps of scores 1e4 at τ = 1e-3: "unroll" needs it)
-    return torch.log(root[:, k]) + logaddexp2(x, torch.zeros_like(x)).sum(-1) + k * nu[:, 0]
+    return torch.log(root[k]) + logaddexp2(x, torch.zeros_like(x)).sum(-1) + k * nu[:, 0]
 
 
 class _KSubsetLogPartition(torch.autograd.Function):
@@ -358,7 +356,7 @@ def sample_ksubset(w: torch.Tensor, k: int, n_samples: int | None = None,
         S = 1 if n_samples is None else n_samples
         if yw.shape[0]:
             ys, _, nu = _prepare(yw, k)
-            tables = _tree._inside(_tree._probs(ys - nu), k)
+            tables = _tree._inside(_tree._leaves(ys - nu), k)
             out = _tree._sample(tables, k, S, generator)[..., :yw.shape[-1]].to(w.dtype)
         else:
             out = yw.new_zeros((S,) + yw.shape).to(w.dtype)
