@@ -90,7 +90,8 @@ def _leaves(x: torch.Tensor) -> torch.Tensor:
     positions, count-major: ``(2, N, B)``."""
     n = x.shape[-1]
     N = 1 << max(0, math.ceil(math.log2(n)))
-    xt = (F.pad(x, (0, N - n), value=-math.inf) if N > n else x).T
+    # transposed once, contiguously: stacking the transposed view is ten times slower
+    xt = (F.pad(x, (0, N - n), value=-math.inf) if N > n else x).T.contiguous()
     return torch.sigmoid(torch.stack([-xt, xt]))
 
 
@@ -112,6 +113,13 @@ def _rows(t: torch.Tensor, front: int, back: int) -> torch.Tensor:
     return F.pad(t, (0, 0) * (t.dim() - 1) + (front, back))
 
 
+def _windows(t: torch.Tensor, m: int) -> tuple[torch.Tensor, ...]:
+    """The views t[i : i + m] along dim 0, i ≤ len(t) − m, in three ops (not one slice each)."""
+    if t.shape[0] <= m:
+        return (t,) if t.shape[0] == m else ()
+    return t.unfold(0, m, 1).movedim(-1, 1).unbind(0)
+
+
 def _conv(L: torch.Tensor, R: torch.Tensor, m_out: int,
           acc: torch.Tensor | None = None) -> torch.Tensor:
     """out[c] = Σ_i L[i] R[c − i], c < m_out (the merge), plus ``acc`` if given (the shift
@@ -120,9 +128,12 @@ def _conv(L: torch.Tensor, R: torch.Tensor, m_out: int,
     m = L.shape[0]
     if _kernel(L, R[0].numel()) == "shift" and not R.requires_grad:
         out = L.new_zeros((m_out,) + L.shape[1:]) if acc is None else acc
+        full = _windows(out, m)                                 # out[i : i + m], i ≤ m_out − m
         for i, li in enumerate(L.unbind(0)):
-            e = min(m, m_out - i)
-            out[i:i + e].addcmul_(li, R if e == m else R[:e])
+            if i < len(full):
+                full[i].addcmul_(li, R)
+            else:
+                out[i:].addcmul_(li, R[:m_out - i])
         return out
     # windows W[c, …, i'] = R[c + i' − (m − 1)] times L[m − 1 − i']
     windows = _rows(R, m - 1, m_out - m).unfold(0, m, 1)
@@ -137,9 +148,12 @@ def _corr(o: torch.Tensor, I: torch.Tensor, acc: torch.Tensor | None = None) -> 
     m, m_o = I.shape[0], o.shape[0]
     if _kernel(I, I[0].numel()) == "shift" and not o.requires_grad:
         out = I.new_zeros(I.shape) if acc is None else acc
+        full = _windows(o, m)                                   # o[i : i + m], i ≤ m_o − m
         for i, ii in enumerate(I.unbind(0)[:m_o]):
-            e = min(m, m_o - i)
-            out[:e].addcmul_(ii, o[i:i + e])
+            if i < len(full):
+                out.addcmul_(ii, full[i])
+            else:
+                out[:m_o - i].addcmul_(ii, o[i:])
         return out
     windows = _rows(o, 0, 2 * m - 1 - m_o).unfold(0, m, 1)[:m]      # W[j, …, i] = o[j + i]
     out = (windows * I.movedim(0, -1)).sum(-1)
@@ -165,13 +179,12 @@ def _merge(t: torch.Tensor, k: int) -> torch.Tensor:
     return _conv(*_halves(t), min(k + 1, 2 * m - 1))
 
 
-def _split(o: torch.Tensor, t: torch.Tensor, acc: torch.Tensor | None = None) -> torch.Tensor:
-    """The children's O from the parents' ``o`` ``(m_o, nb/2, B)`` and the children's I ``t``
-    ``(m, nb, B)``: O_child[j] = Σ_i I_sibling[i] o[j + i], plus ``acc`` ``(m, nb, B)`` if given
-    (see :func:`_corr`); ``(m, nb, B)``."""
-    m, nb, B = t.shape
-    acc = None if acc is None else acc.view(m, 2, nb // 2, B)
-    return _corr(o.unsqueeze(1), _swapped(t), acc).reshape(t.shape)
+def _split(o: torch.Tensor, sw: torch.Tensor, acc: torch.Tensor | None = None) -> torch.Tensor:
+    """The children's O from the parents' ``o`` ``(m_o, nb/2, B)`` and the children's I with
+    the halves swapped, ``sw`` ``(m, 2, nb/2, B)`` (:func:`_swapped`): O_child[j] = Σ_i
+    I_sibling[i] o[j + i], plus ``acc`` ``(m, 2, nb/2, B)`` if given (see :func:`_corr`);
+    ``(m, 2, nb/2, B)``."""
+    return _corr(o.unsqueeze(1), sw, acc)
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,15 +200,18 @@ def _inside(t0: torch.Tensor, k: int) -> list[torch.Tensor]:
     return tables
 
 
-def _outside(ins: list[torch.Tensor], k: int) -> list[torch.Tensor]:
-    """O per level for ``ins = [I_0, …, I_L]``, same shapes, O_root = 1[j = k]."""
+def _outside(ins: list[torch.Tensor], k: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """O per level for ``ins = [I_0, …, I_L]``, same shapes, O_root = 1[j = k]; and the tables
+    below the root with their halves swapped (:func:`_swapped`), which the backward reuses."""
     root = ins[-1]
     o = (torch.arange(k + 1, device=root.device) == k).to(root.dtype)[:, None, None]
-    outs = [o.expand(root.shape)]
+    outs, sws = [o.expand(root.shape)], []
     for t in reversed(ins[:-1]):
-        outs.append(_split(outs[-1], t))
+        sws.append(_swapped(t))
+        outs.append(_split(outs[-1], sws[-1]).reshape(t.shape))
     outs.reverse()
-    return outs
+    sws.reverse()
+    return outs, sws
 
 
 def _leaf_marginals(t0: torch.Tensor, o0: torch.Tensor) -> torch.Tensor:
@@ -205,20 +221,21 @@ def _leaf_marginals(t0: torch.Tensor, o0: torch.Tensor) -> torch.Tensor:
     return (w[1] / (w[0] + w[1])).T
 
 
-def _marginals_jvp(ins: list[torch.Tensor], outs: list[torch.Tensor], g: torch.Tensor,
-                   k: int) -> torch.Tensor:
-    """μ̇ along g ``(B, N)`` (zero-padded): tangents of both passes, ν fixed. ``ins`` = [I_0, …,
-    I_{L−1}] (the root is not needed), ``outs`` = [O_0, …, O_L] of the forward."""
-    t0 = ins[0]
-    dp = t0[1] * g.T                                                   # leaf tangent [0, p g]
+def _marginals_jvp(t0: torch.Tensor, sws: list[torch.Tensor], outs: list[torch.Tensor],
+                   g: torch.Tensor, k: int) -> torch.Tensor:
+    """μ̇ along g ``(B, N)`` (zero-padded): tangents of both passes, ν fixed. ``t0`` the leaf
+    table, ``outs`` = [O_0, …, O_L] and ``sws`` = [I_0, …, I_{L−1}] with swapped halves, as
+    :func:`_outside` returns them."""
+    dp = t0[1] * g.T.contiguous()                                      # leaf tangent [0, p g]
     dins = [torch.stack([torch.zeros_like(dp), dp])]
-    for t in ins[:-1]:
-        (a, b), (da, db) = _halves(t), _halves(dins[-1])
-        m_out = min(k + 1, 2 * t.shape[0] - 1)
+    for sw in sws[:-1]:
+        (b, a), (da, db) = sw.unbind(1), _halves(dins[-1])
+        m_out = min(k + 1, 2 * sw.shape[0] - 1)
         dins.append(_conv(a, db, m_out, _conv(da, b, m_out)))          # product rule
     do = None
-    for t, dt, o in zip(reversed(ins), reversed(dins), reversed(outs[1:])):
-        do = _split(o, dt) if do is None else _split(o, dt, _split(do, t))
+    for sw, dt, o in zip(reversed(sws), reversed(dins), reversed(outs[1:])):
+        acc = None if do is None else _split(do, sw)
+        do = _split(o, _swapped(dt), acc).reshape(dt.shape)
     w = t0 * outs[0]
     den = w[0] + w[1]
     dtake = dp * outs[0][1] if do is None else dp * outs[0][1] + t0[1] * do[1]

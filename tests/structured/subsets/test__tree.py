@@ -44,8 +44,11 @@ def test_outside_and_leaves_give_the_conditional_marginals(n, k):
     g = torch.Generator().manual_seed(n + k)
     x = torch.randn(1, n, dtype=F64, generator=g)
     tables = _tree._inside(_tree._leaves(x), k)
-    outs = _tree._outside(tables, k)
+    outs, sws = _tree._outside(tables, k)
     assert [o.shape for o in outs] == [t.shape for t in tables]
+    for t, sw in zip(tables, sws):                       # each block beside its sibling
+        h = t.shape[1] // 2
+        assert torch.equal(sw[:, 0], t[:, h:]) and torch.equal(sw[:, 1], t[:, :h])
     mu = _tree._leaf_marginals(tables[0], outs[0])[0, :n]
     q = torch.sigmoid(x[0])
     want, total = torch.zeros(n, dtype=F64), 0.0
