@@ -145,6 +145,30 @@ def test_kernels_agree(kind, dtype, monkeypatch, seed):
                                            atol=1e-5 if dtype == torch.float32 else 1e-12)
 
 
+def test_kernel_choice_at_scale_matches_sequential_reference(monkeypatch, seed):
+    """A batch wide enough that the CPU picks the shift kernel on the low levels and the windows
+    on the high ones (both recorded), against the former sequential DP (float64)."""
+    chosen = set()
+    pick = tree._kernel
+
+    def record(t, entries):
+        kind = pick(t, entries)
+        chosen.add(kind)
+        return kind
+    monkeypatch.setattr(tree, "_kernel", record)
+    y = 2 * torch.randn(24, 300, dtype=torch.float64)
+    g = torch.randn(24, 300, dtype=torch.float64)
+    x = y.clone().requires_grad_(True)
+    mu = ksubset_marginals(x, 7)
+    (vjp,) = torch.autograd.grad((mu * g).sum(), x)
+    assert chosen == {"shift", "window"}
+    xo = y.clone().requires_grad_(True)
+    old = dp._SequentialMarginals.apply(xo, 7)[0]
+    (old_vjp,) = torch.autograd.grad((old * g).sum(), xo)
+    torch.testing.assert_close(mu, old, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(vjp, old_vjp, rtol=1e-8, atol=1e-10)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_ties_at_extreme_scores(dtype):
     """Issue 17: exact ±1e4 ties at τ = 1e-3 (|y| = 1e7), compared with float64 enumeration."""
