@@ -27,8 +27,9 @@ two such products. Each is computed one of two ways (:func:`_kernel`):
 
 Measured on CPU (256 × 1024 positions, k = 10, one thread): the shift kernel is 2.5–5× faster
 than the windows at the widest levels, 2–3× faster than the depthwise ``conv1d`` of the former
-row-major layout there, and the windows win below about 2^12 entries per count row, where the
-per-op cost of m ops dominates. The first term of a product writes its output (no zero-fill
+row-major layout there, and the windows win below about 2^15 entries per operand, where the
+per-op cost of m ops dominates (with the threshold on entries per count row instead, large k
+ran the windows on m_out·m-entry temporaries: 4.5× slower at k = 80). The first term of a product writes its output (no zero-fill
 pass).
 
 Backward leaves: μ is unchanged when a leaf [1 − p_i, p_i] is scaled, so along ḡ the leaf
@@ -48,8 +49,8 @@ from perturb._validation import traced
 #: 4e-18 in float64, so the top k are certain there.
 _CERTAIN = 40.0
 
-#: entries per count row from which the CPU uses the shift kernel (measured; module docstring)
-_SHIFT_MIN = 1 << 12
+#: operand entries from which the CPU uses the shift kernel (measured; module docstring)
+_SHIFT_MIN = 1 << 15
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,7 +103,7 @@ def _leaves(x: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 def _kernel(t: torch.Tensor, entries: int) -> str:
-    """``"shift"`` or ``"window"`` for a product over count rows of ``entries`` entries."""
+    """``"shift"`` or ``"window"`` for a product whose operand has ``entries`` entries."""
     if t.device.type != "cpu" or entries < _SHIFT_MIN or traced(t):
         return "window"
     return "window" if torch.is_grad_enabled() and t.requires_grad else "shift"
@@ -128,7 +129,7 @@ def _conv(L: torch.Tensor, R: torch.Tensor, m_out: int,
     kernel adds into it in place); ``L``, ``R`` ``(m, *cols)`` of one shape, m ≤ m_out; output
     ``(m_out, *cols)``."""
     m = L.shape[0]
-    if _kernel(L, R[0].numel()) == "shift" and not R.requires_grad:
+    if _kernel(L, R.numel()) == "shift" and not R.requires_grad:
         out = L.new_empty((m_out,) + L.shape[1:]) if acc is None else acc
         full = _windows(out, m)                                 # out[i : i + m], i ≤ m_out − m
         for i, li in enumerate(L.unbind(0)):
@@ -152,7 +153,7 @@ def _corr(o: torch.Tensor, I: torch.Tensor, acc: torch.Tensor | None = None) -> 
     the shift kernel); ``I`` ``(m, *cols)``, ``o`` ``(m_o, *cols_o)`` broadcastable to ``I``
     beyond dim 0, m_o ≤ 2m − 1; output ``(m, *cols)``."""
     m, m_o = I.shape[0], o.shape[0]
-    if _kernel(I, I[0].numel()) == "shift" and not o.requires_grad:
+    if _kernel(I, I.numel()) == "shift" and not o.requires_grad:
         full = _windows(o, m)                                   # o[i : i + m], i ≤ m_o − m
         if acc is None:                         # the first term writes: no zero-fill pass
             out = I.new_empty(I.shape)

@@ -156,8 +156,8 @@ def test_kernel_choice_at_scale_matches_sequential_reference(monkeypatch, seed):
         chosen.add(kind)
         return kind
     monkeypatch.setattr(tree, "_kernel", record)
-    y = 2 * torch.randn(24, 300, dtype=torch.float64)
-    g = torch.randn(24, 300, dtype=torch.float64)
+    y = 2 * torch.randn(64, 300, dtype=torch.float64)
+    g = torch.randn(64, 300, dtype=torch.float64)
     x = y.clone().requires_grad_(True)
     mu = ksubset_marginals(x, 7)
     (vjp,) = torch.autograd.grad((mu * g).sum(), x)
