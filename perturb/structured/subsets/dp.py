@@ -26,32 +26,32 @@ log Σ_top σ(ν − y) = log Σ_rest σ(y − ν) (expected misses in the top k
 
 **Tree** (log depth). For a block b of positions let I_b[j] = P_ν(N_b = j), j ≤ min(k, |b|). A
 leaf is [1 − p_i, p_i]; two blocks merge by a truncated convolution,
-I_{b∪b'}[c] = Σ_j I_b[j] I_{b'}[c − j], c ≤ k. Blocks of four positions are formed in closed form
-from their 16 subset probabilities P_S, then merged pairwise, ⌈log₂(n/4)⌉ levels, each level one
-batched op over all pairs (layout and kernels: :mod:`perturb.structured.subsets._tree`). A node's
-vector has length min(k, block size) + 1, so the work is O(nk) and the temporaries O(B·n·k) at
-most, never O(B·n·k²). log Z = log I_root[k] + Σ_i softplus(y_i − ν) + kν.
+I_{b∪b'}[c] = Σ_j I_b[j] I_{b'}[c − j], c ≤ k, pairwise, ⌈log₂ n⌉ levels, each level batched over
+all pairs (layout and kernels: :mod:`perturb.structured.subsets._tree`). A node's vector has
+length min(k, block size) + 1, so the tables hold O(B·n·log k) entries; a merge costs
+O(min(k, block size)²) per pair, O(nk) per row in all. log Z = log I_root[k] + Σ_i
+softplus(y_i − ν) + kν.
 
 **Outside pass** (marginals). O_b[j] = P_ν(N_{not b} = k − j), so P_ν(N = k) = Σ_j I_b[j] O_b[j]
 for every node b. Top-down: O_root = 1[j = k] and a child takes the correlation of its parent's
-O with its sibling's I: O_b[j] = Σ_i I_{b'}[i] O_parent[j + i]. At a leaf block
-the subset weights w_S = P_S O[|S|] give μ_l = Σ_{S∋l} w_S / Σ_S w_S ∈ [0, 1].
+O with its sibling's I: O_b[j] = Σ_i I_{b'}[i] O_parent[j + i]. At a leaf,
+μ_i = p_i O_i[1] / (p_i O_i[1] + (1 − p_i) O_i[0]) ∈ [0, 1].
 
 **Backward.** The Jacobian of μ is ∇²A = Cov_q(z), symmetric, so the vector–Jacobian product
 with ḡ is the directional derivative of μ along ḡ: both passes are bilinear in the leaves, so
 their tangents (ν held fixed: the identity above holds for every ν; leaf tangent [0, p_i ḡ_i],
 equivalent to [−ṗ, ṗ] because μ ignores a rescaled leaf) follow by the product rule, level by
 level, with the same kernels. The tables of the
-forward are saved (O(B·n·log k)); nothing of size (k+1)² is kept. ``backward="unroll"`` instead
+forward are saved (O(B·n·log k)); nothing of size (k+1)² per pair is kept. ``backward="unroll"`` instead
 runs autograd through the same tree (differentiable to every order).
 
 **Sampling**, top-down through the tree: a node holding c items sends j of them to its left
 child with probability I_left[j] I_right[c − j] / I_node[c]; the product over the nodes telescopes
 to q(z), so the samples are exact, and it takes ⌈log₂ n⌉ steps for all samples at once.
 
-Kernels (one depthwise correlation per merge, split and tangent level: ``conv1d`` on CPU in
-float32, windows by ``matmul`` on CPU otherwise, by ``vecdot`` elsewhere) and the leaf stage live
-in :mod:`perturb.structured.subsets._tree`. Half-precision inputs are computed in float32.
+Kernels (each merge, split and tangent level: one in-place multiply-add per count on the large
+CPU levels, windows times the reversed operand elsewhere) live in
+:mod:`perturb.structured.subsets._tree`. Half-precision inputs are computed in float32.
 
 References: Paulus et al. (2020), "Gradient estimation with stochastic softmax tricks",
 arXiv:2006.08063, §4 and App.; Chen, Dempster & Liu (1994), "Weighted finite population sampling
@@ -113,9 +113,9 @@ class _KSubsetMarginals(torch.autograd.Function):
     r"""μ(y) = ∇ log e_k(e^y) by the inside–outside tree; backward μ̇ = Cov_q(z) ḡ (symmetric).
 
     Inputs: shifted scores ys ``(B, n)``, the tilt ν ``(B, 1)`` (a constant) and k. Outputs: μ
-    ``(B, n)`` and, non-differentiable, p = σ(ys − ν) ``(B, n)``, then the tables the backward
-    needs, in two lists of equal length: [P, I_0, …, I_{L−1}] (subset probabilities of the leaf
-    blocks and the inside tables below the root) and [O_0, …, O_L] (outside tables). The
+    ``(B, n)`` and, non-differentiable, the tables the backward needs (count-major,
+    :mod:`perturb.structured.subsets._tree`): the leaves [1 − p, p], the inside tables below
+    the root with swapped halves [I_0, …, I_{L−1}], then the outside tables [O_0, …, O_L]. The
     backward is computed once (``once_differentiable``); for higher orders use
     ``backward="unroll"``.
     """
@@ -124,12 +124,10 @@ class _KSubsetMarginals(torch.autograd.Function):
 
     @staticmethod
     def forward(ys, nu, k):
-        x = ys - nu
-        p = _tree._probs(x)
-        P, *ins = _tree._inside(p, k)
-        outs = _tree._outside(ins, k)
-        mu = _tree._leaf_marginals(P, outs[0], k, ys.shape[0])[:, :ys.shape[-1]]
-        return (mu, p[:, :ys.shape[-1]], P, *ins[:-1], *outs)
+        ins = _tree._inside(_tree._leaves(ys - nu), k)
+        outs, sws = _tree._outside(ins, k)
+        mu = _tree._leaf_marginals(ins[0], outs[0])[:, :ys.shape[-1]]
+        return (mu, ins[0], *sws, *outs)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -144,31 +142,31 @@ class _KSubsetMarginals(torch.autograd.Function):
     def backward(ctx, g, *_):
         if g is None or not ctx.needs_input_grad[0]:
             return None, None, None
-        mu, p, *tables = ctx.saved_tensors
-        half = len(tables) // 2
-        return _marginals_vjp(p, tables[:half], tables[half:], mu, g, ctx.k), None, None
+        _, t0, *tables = ctx.saved_tensors
+        return _marginals_vjp(t0, tables, g, ctx.k), None, None
 
 
-def _marginals_vjp(p: torch.Tensor, levels: list[torch.Tensor], outs: list[torch.Tensor],
-                   mu: torch.Tensor, g: torch.Tensor, k: int) -> torch.Tensor:
+def _marginals_vjp(t0: torch.Tensor, tables: list[torch.Tensor], g: torch.Tensor,
+                   k: int) -> torch.Tensor:
     """Cov_q(z) g: the symmetric Jacobian of the marginals applied to g. Pure; tests call it.
 
-    Shapes: p = σ(ys − ν), mu, g ``(B, n)``; ``levels``/``outs`` the two table lists returned by
-    :class:`_KSubsetMarginals`; output ``(B, n)``. (μ itself is recomputed at the leaves, padded.)
+    Shapes: g ``(B, n)``; ``t0`` and ``tables`` the leaf table and the rest of the tables
+    returned by :class:`_KSubsetMarginals` (count-major, :mod:`perturb.structured.subsets._tree`);
+    output ``(B, n)``.
     """
-    n, N = g.shape[-1], levels[0].shape[-1] // g.shape[0] * _tree._LEAF
+    n, N, L = g.shape[-1], t0.shape[1], len(tables) // 2
     g = F.pad(g, (0, N - n)) if N > n else g
-    return _tree._marginals_jvp(levels[0], levels[1:], outs, g, k)[:, :n]
+    return _tree._marginals_jvp(t0, tables[:L], tables[L:], g, k)[:, :n]
 
 
 def _log_partition_tilted(ys: torch.Tensor, nu: torch.Tensor, k: int) -> torch.Tensor:
     """A(ys) = log P_ν(N = k) + Σ softplus(ys − ν) + kν, plain torch ops; ``(B, n) -> (B,)``."""
     x = ys - nu
-    root = _tree._inside(_tree._probs(x), k)[-1]
+    root = _tree._inside(_tree._leaves(x), k)[-1][:, 0]
     # softplus as max(x, 0) + log1p(e^{−|x|}): exact (F.softplus returns x itself above
     # x = 20, off by e^{-20}) and twice differentiable at any x (the double backward of
     # torch.logaddexp overflows for the gaps of scores 1e4 at τ = 1e-3: "unroll" needs it)
-    return torch.log(root[:, k]) + logaddexp2(x, torch.zeros_like(x)).sum(-1) + k * nu[:, 0]
+    return torch.log(root[k]) + logaddexp2(x, torch.zeros_like(x)).sum(-1) + k * nu[:, 0]
 
 
 class _KSubsetLogPartition(torch.autograd.Function):
@@ -358,7 +356,7 @@ def sample_ksubset(w: torch.Tensor, k: int, n_samples: int | None = None,
         S = 1 if n_samples is None else n_samples
         if yw.shape[0]:
             ys, _, nu = _prepare(yw, k)
-            tables = _tree._inside(_tree._probs(ys - nu), k)
+            tables = _tree._inside(_tree._leaves(ys - nu), k)
             out = _tree._sample(tables, k, S, generator)[..., :yw.shape[-1]].to(w.dtype)
         else:
             out = yw.new_zeros((S,) + yw.shape).to(w.dtype)

@@ -118,19 +118,18 @@ def test_vjp_helper_is_covariance(seed):
     y[1, 0] = -math.inf
     g = torch.randn(3, n, dtype=torch.float64)
     ys, _, nu = dp._prepare(y, k)
-    mu, p, *tables = dp._KSubsetMarginals.apply(ys, nu, k)
-    half = len(tables) // 2
-    out = dp._marginals_vjp(p, tables[:half], tables[half:], mu, g, k)
+    mu, t0, *tables = dp._KSubsetMarginals.apply(ys, nu, k)
+    out = dp._marginals_vjp(t0, tables, g, k)
     for b in range(3):
         torch.testing.assert_close(out[b], _brute(y[b], k)[2] @ g[b], rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["conv1d", "bmm", "vecdot"])
-def test_kernels_agree(kind, monkeypatch, seed):
-    """Each kernel (forced) gives the enumeration's marginals and Cov·g (float32 conv1d too),
-    over several tree levels (n = 8 and 13: one and two levels above the leaf blocks)."""
-    monkeypatch.setattr(tree, "_kernel", lambda t: kind)
-    dtype = torch.float32 if kind == "conv1d" else torch.float64
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["shift", "window"])
+def test_kernels_agree(kind, dtype, monkeypatch, seed):
+    """Each kernel (forced at every level) gives the enumeration's marginals and Cov·g, over
+    several tree levels (n = 8 and 13: three and four levels above the leaves)."""
+    monkeypatch.setattr(tree, "_kernel", lambda t, entries: kind)
     for n in (8, 13):
         w = 2 * torch.randn(3, n, dtype=torch.float64)
         g = torch.randn(3, n, dtype=torch.float64)
@@ -140,10 +139,34 @@ def test_kernels_agree(kind, monkeypatch, seed):
             (vjp,) = torch.autograd.grad((mu * g.to(dtype)).sum(), x)
             for b in range(3):
                 _, ref_mu, cov, *_ = _brute(w[b], k)
-                tol = 1e-6 if kind == "conv1d" else 1e-12
+                tol = 1e-6 if dtype == torch.float32 else 1e-12
                 torch.testing.assert_close(mu[b].double(), ref_mu, rtol=0, atol=tol)
                 torch.testing.assert_close(vjp[b].double(), cov @ g[b], rtol=0,
-                                           atol=1e-5 if kind == "conv1d" else 1e-12)
+                                           atol=1e-5 if dtype == torch.float32 else 1e-12)
+
+
+def test_kernel_choice_at_scale_matches_sequential_reference(monkeypatch, seed):
+    """A batch wide enough that the CPU picks the shift kernel on the low levels and the windows
+    on the high ones (both recorded), against the former sequential DP (float64)."""
+    chosen = set()
+    pick = tree._kernel
+
+    def record(t, entries):
+        kind = pick(t, entries)
+        chosen.add(kind)
+        return kind
+    monkeypatch.setattr(tree, "_kernel", record)
+    y = 2 * torch.randn(64, 300, dtype=torch.float64)
+    g = torch.randn(64, 300, dtype=torch.float64)
+    x = y.clone().requires_grad_(True)
+    mu = ksubset_marginals(x, 7)
+    (vjp,) = torch.autograd.grad((mu * g).sum(), x)
+    assert chosen == {"shift", "window"}
+    xo = y.clone().requires_grad_(True)
+    old = dp._SequentialMarginals.apply(xo, 7)[0]
+    (old_vjp,) = torch.autograd.grad((old * g).sum(), xo)
+    torch.testing.assert_close(mu, old, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(vjp, old_vjp, rtol=1e-8, atol=1e-10)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -196,8 +219,8 @@ def test_tilt_keeps_count_k_probable(n):
     for y in _hard_rows(n):
         for k in sorted({1, 3, n // 10, n // 2, n - 1}):
             ys, _, nu = dp._prepare(y[None].double(), k)
-            root = tree._inside(tree._probs(ys - nu), k)[-1]
-            assert float(root[0, k]) > math.exp(-10), (n, k, y[:5])
+            root = tree._inside(tree._leaves(ys - nu), k)[-1]
+            assert float(root[k, 0, 0]) > math.exp(-10), (n, k, y[:5])
 
 
 @pytest.mark.parametrize("n,k", [(5, 2), (6, 3), (7, 1)])
