@@ -285,8 +285,10 @@ class Logistic(_ScaleNoise):
         return self.scale * (torch.log(u) - torch.log1p(-u))
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
-        z = _as_tensor(x, "x") / self.scale
-        return -z - 2 * torch.nn.functional.softplus(-z) - math.log(self.scale)
+        # the density is symmetric: log f = −|z| − 2 log1p(e^{−|z|}) is exact in both tails
+        # (softplus(−z) returns −z unchanged below z = −20 and drops e^{z})
+        a = (_as_tensor(x, "x") / self.scale).abs()
+        return -a - 2 * torch.log1p(torch.exp(-a)) - math.log(self.scale)
 
     def cdf(self, x: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(_as_tensor(x, "x") / self.scale)

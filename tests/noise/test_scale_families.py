@@ -146,3 +146,17 @@ def test_log_sf_is_log_of_one_minus_cdf_and_finite_in_the_far_tail(noise):
         want = -torch.nn.functional.softplus(z)                 # log σ(−z)
     torch.testing.assert_close(far, want, rtol=1e-12, atol=0)
     assert torch.isfinite(far).all()
+
+
+def test_logistic_log_prob_is_exact_in_both_tails():
+    """log f(z) = −|z| − 2 log1p(e^{−|z|}) against scipy over |z| ≤ 700, float64: to 1e-15
+    relative (softplus' threshold at 20 once dropped e^{z}, 2e-9 absolute at z = −20)."""
+    x = torch.cat([torch.linspace(-700, 700, 2801, dtype=torch.float64),
+                   torch.tensor([-20.5, -25.0, 20.5, 25.0], dtype=torch.float64)])
+    for scale in (1.0, 0.3):
+        got = Logistic(scale).log_prob(x).numpy()
+        want = stats.logistic.logpdf(x.numpy(), scale=scale)
+        np.testing.assert_allclose(got, want, rtol=1e-15, atol=0)
+    z = torch.tensor([-21.0, 21.0], dtype=torch.float64)
+    assert torch.equal(Logistic().log_prob(z), Logistic().log_prob(-z))     # symmetric
+    assert float(Logistic().log_prob(z)[0] - (-21.0 - 2 * math.log1p(math.exp(-21.0)))) == 0.0
