@@ -2,10 +2,22 @@ r"""Kernels of the correlated k-subsets: block tables, their merges and the top-
 
 The math (block tables, the (logsumexp, +) merge, the top-down pass) is stated in
 :mod:`perturb.structured.subsets.correlated`; this module holds its tensor implementation, plain
-torch ops, no validation. Tables are ``(nb, B, 2(s), 2(u), m(c))`` (block, batch row, state of
-the item before the block, state of the block's last item, count). Split scores put the split
-(t, j) first (:func:`_split_scores`) so that every reduction over it runs over long contiguous
-rows.
+torch ops, no validation.
+
+**Layout (count-major, as the k-subset tree of** :mod:`._tree` **).** Tables are
+``(2(s), 2(u), m(c), nb, B)`` (state of the item before the block, state of the block's last
+item, count, block, batch row): the block and batch dims trail, so every op of a level runs over
+rows of nb·B (or B) contiguous entries. Split scores are ``(2(s), 2m(t, i), 2(u), m_out(c), P,
+B)`` (:func:`_split_scores`): the split (t, i), with the left count j = m − 1 − i reversed, is a
+middle dim, and its reductions (logsumexp, softmax, max) run over the long rows behind it. With
+the batch leading (``(nb, B, s, u, c)``) the same ops ran over rows of 2m_out entries: 2–5x
+slower per op.
+
+**Weights.** The split weights exp(S − max S) are computed from S − max S clamped at
+log(tiny) + 2 (:func:`_floor`): an exp that underflows costs 5–15x a normal one on CPU (the
+vectorised exp's slow path), and the "−∞" entries of the tables would all underflow. The
+clamped entries get weight ≤ e²·tiny relative to the split's largest (10⁻³⁷ in float32), far
+below rounding.
 
 **Analytic backward** (:func:`_marginals_jvp`). The Jacobian of μ is ∇²A = Cov_q(z), symmetric,
 so the VJP with ḡ is the directional derivative of μ along ḡ. The forward keeps, per merge, the
@@ -17,14 +29,22 @@ to the children (:func:`_children`). One pass up and one down, no double backwar
 """
 from __future__ import annotations
 
-import functools
+import math
 
 import torch
 import torch.nn.functional as F
 
+from perturb._validation import traced
+
+
 def _neg(dtype: torch.dtype) -> float:
     """The finite stand-in for log 0: two of them still add up without overflow."""
     return -torch.finfo(dtype).max / 16
+
+
+def _floor(dtype: torch.dtype) -> float:
+    """The lowest exponent given to exp: its result stays normal (module docstring)."""
+    return math.log(torch.finfo(dtype).tiny) + 2.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -32,72 +52,69 @@ def _neg(dtype: torch.dtype) -> float:
 # --------------------------------------------------------------------------------------------
 
 def _leaves(y: torch.Tensor, d: int) -> torch.Tensor:
-    """Leaf tables ``(d, B, 2(s), 2(t), 2(c))`` from scores ``(B, 2d − 1)`` (module docstring)."""
+    """Leaf tables ``(2(s), 2(t), 2(c), d, B)`` from scores ``(B, 2d − 1)`` (module docstring
+    of :mod:`.correlated`): T[s, 0, 0] = 0, T[s, 1, 1] = a_i + s·b_{i−1}, else "−∞"."""
     a = y[:, :d].t()                                          # (d, B)
     e = F.pad(y[:, d:].t(), (0, 0, 1, 0))                     # b_{i−1}, 0 for the first item
     zero = torch.zeros_like(a)
     neg = torch.full_like(a, _neg(y.dtype))
-    off = torch.stack([zero, neg], -1)                        # t = 0: (c=0) 0, (c=1) −∞
-    rows = [torch.stack([off, torch.stack([neg, a + s * e], -1)], -2) for s in (0, 1)]
-    return torch.stack(rows, -3)
+    off = torch.stack([zero, neg])                            # t = 0: (c=0) 0, (c=1) −∞
+    rows = [torch.stack([off, torch.stack([neg, a + e if s else a])]) for s in (0, 1)]
+    return torch.stack(rows)
 
 
 def _identity(like: torch.Tensor) -> torch.Tensor:
-    """The empty block ``(1, B, 2, 2, m)``: state passes through, no item chosen."""
-    _, B, _, _, m = like.shape
-    out = torch.full((1, B, 2, 2, m), _neg(like.dtype), dtype=like.dtype, device=like.device)
-    out[..., 0, 0, 0] = 0.0
-    out[..., 1, 1, 0] = 0.0
+    """The empty block ``(2, 2, m, 1, B)``: state passes through, no item chosen."""
+    m, B = like.shape[2], like.shape[4]
+    out = torch.full((2, 2, m, 1, B), _neg(like.dtype), dtype=like.dtype, device=like.device)
+    out[0, 0, 0] = 0.0
+    out[1, 1, 0] = 0.0
     return out
 
 
 def _pairs(x: torch.Tensor, tangent: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(left, right) children of the next level; an odd count gets the identity appended (for a
-    table of tangents: zeros, the identity being constant)."""
-    if x.shape[0] % 2:
-        x = torch.cat([x, torch.zeros_like(x[:1]) if tangent else _identity(x)], 0)
-    return x[0::2], x[1::2]
-
-
-def _band(m: int, m_out: int, device: torch.device) -> torch.Tensor:
-    """idx[c, j] = c − j where 0 ≤ c − j < m, else m (a padded "−∞" slot): ``(m_out, m)``."""
-    c = torch.arange(m_out, device=device)[:, None]
-    j = torch.arange(m, device=device)[None, :]
-    idx = c - j
-    return torch.where((idx >= 0) & (idx < m), idx, m)
+    """(left, right) children of the next level ``(2, 2, m, P, B)``; an odd count gets the
+    identity appended (for a table of tangents: zeros, the identity being constant)."""
+    if x.shape[3] % 2:
+        x = torch.cat([x, torch.zeros_like(x[:, :, :, :1]) if tangent else _identity(x)], 3)
+    return x[:, :, :, 0::2], x[:, :, :, 1::2]
 
 
 def _split_scores(left: torch.Tensor, right: torch.Tensor, k: int,
                   fill: float | None = None) -> torch.Tensor:
-    """S[t·m + j, p, b, s, u, c] = T_L[s, t, j] + T_R[t, u, c − j], c < min(k, 2(m−1)) + 1.
+    """S[s, t·m + i, u, c, p, b] = T_L[s, t, j] + T_R[t, u, c − j] with j = m − 1 − i (the
+    left count reversed), c < m_out = min(k, 2(m−1)) + 1: ``(2, 2m, 2, m_out, P, B)``.
 
-    The split (t, j) is the first dim, so that its reductions (logsumexp, softmax, max) run over
-    the long contiguous rest at once: over a last dim of 2m ≤ 2(k + 1) entries they were up to
-    20x slower (per-row kernels). ``fill``: the value of T_R outside its counts (default "−∞";
-    0 for tables of tangents)."""
-    P, B, _, _, m = left.shape
+    T_R[c − j] for every (c, i) is a view, the windows of T_R padded with m − 1 "−∞" counts in
+    front (``unfold``: window c holds T_R[c − (m − 1) + i]), hence the reversed left count; the
+    sum is the one pass over the output. ``fill``: the value of T_R outside its counts (default
+    "−∞"; 0 for tables of tangents)."""
+    _, _, m, P, B = left.shape
     m_out = min(k, 2 * (m - 1)) + 1
-    idx = _band(m, m_out, left.device)
-    rp = F.pad(right, (0, 1), value=_neg(right.dtype) if fill is None else fill)  # slot m
-    # both operands in the output's dim order, so that the sum is laid out in it
-    rg = rp[..., idx].permute(2, 5, 0, 1, 3, 4).contiguous()              # (t, j, P, B, u, c)
-    lt = left.permute(3, 4, 0, 1, 2).contiguous()                         # (t, j, P, B, s)
-    out = lt[..., None, None] + rg[:, :, :, :, None]                      # (t, j, P, B, s, u, c)
-    return out.view(2 * m, P, B, 2, 2, m_out)
+    value = _neg(right.dtype) if fill is None else fill
+    rp = F.pad(right, (0, 0, 0, 0, m - 1, m_out - m), value=value)      # (t, u, m_out+m−1, P, B)
+    rg = rp.unfold(2, m, 1).permute(0, 5, 1, 2, 3, 4)[None]             # (1, t, i, u, c, P, B)
+    lt = left.flip(2)[:, :, :, None, None]                              # (s, t, i, 1, 1, P, B)
+    if traced(left) or (torch.is_grad_enabled() and (left.requires_grad or right.requires_grad)):
+        out = (lt + rg).contiguous()             # autograd, torch.func, compile: no out=
+    else:
+        out = left.new_empty((2, 2, m, 2, m_out, P, B))
+        torch.add(lt, rg, out=out)
+    return out.view(2, 2 * m, 2, m_out, P, B)
 
 
 def _reduce(s: torch.Tensor, op: str) -> torch.Tensor:
-    """⊕ over the split (t, j), the first dim of :func:`_split_scores`."""
-    return torch.logsumexp(s, 0) if op == "lse" else s.amax(0)
+    """⊕ over the split (t, i), dim 1 of :func:`_split_scores`."""
+    return torch.logsumexp(s, 1) if op == "lse" else s.amax(1)
 
 
 def _inside(leaves: torch.Tensor, k: int, op: str = "lse") -> list[torch.Tensor]:
     """Tables of every level, leaves first, root (one block) last. op: "lse" or "max"."""
     levels = [leaves]
     neg = _neg(leaves.dtype)
-    while levels[-1].shape[0] > 1:
+    while levels[-1].shape[3] > 1:
         s = _split_scores(*_pairs(levels[-1]), k)
-        levels.append(_reduce(s, op).clamp_min(neg))                     # (P, B, s, u, c)
+        levels.append(_reduce(s, op).clamp_min(neg))                     # (s, u, c, P, B)
     return levels
 
 
@@ -107,7 +124,7 @@ def _prepare(y: torch.Tensor, d: int, k: int, op: str = "lse") -> list[torch.Ten
 
 def _root_logits(levels: list[torch.Tensor], k: int) -> torch.Tensor:
     """log-weights ``(B, 2)`` of the last item's state u at the root (s = 0, c = k)."""
-    return levels[-1][0, :, 0, :, k]
+    return levels[-1][0, :, k, 0].t()
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,37 +132,38 @@ def _root_logits(levels: list[torch.Tensor], k: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 def _children(w: torch.Tensor, nb: int) -> torch.Tensor:
-    """The children's state probabilities ``(nb, B, 2, 2, m)`` from the joint probabilities of
-    (parent state, split) ``w`` ``(2, m, P, B, s, u, c)``: the left child is in (s, t, j), the
-    right one in (t, u, c − j). Linear in ``w``."""
-    _, m, P, B, _, _, m_out = w.shape
-    p_left = w.sum(dim=(5, 6)).permute(2, 3, 4, 0, 1)                     # (P, B, s, t, j)
-    wr = w.sum(4).permute(2, 3, 0, 4, 5, 1).reshape(P * B * 4, m_out * m)  # (P·B·t·u, c·j)
-    p_right = (wr @ _fold(m, m_out, w.device, w.dtype)).view(P, B, 2, 2, m)
-    return torch.stack([p_left, p_right], 1).reshape(2 * P, B, 2, 2, m)[:nb]
-
-
-@functools.lru_cache(maxsize=64)
-def _fold(m: int, m_out: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """F[c·m + j, c'] = 1[c − j = c'] ``(m_out·m, m)``: sums a right child's count c − j."""
-    idx = _band(m, m_out, torch.device("cpu"))
-    return F.one_hot(idx, m + 1)[..., :m].reshape(m_out * m, m).to(device=device, dtype=dtype)
+    """The children's state probabilities ``(2, 2, m, nb, B)`` from the joint probabilities of
+    (parent state, split) ``w`` ``(2(s), 2m(t, i), 2(u), m_out(c), P, B)`` (the order of
+    :func:`_split_scores`): the left child is in (s, t, j), the right one in (t, u, c − j),
+    j = m − 1 − i. Linear in ``w``."""
+    _, m2, _, m_out, P, B = w.shape
+    m = m2 // 2
+    w = w.view(2, 2, m, 2, m_out, P, B)
+    p_left = w.sum(dim=(3, 4)).flip(2)                                  # (s, t, j, P, B)
+    ws = w.sum(0)                                                       # (t, i, u, c, P, B)
+    # right count c' = c − j: one slice add per left count j (i = m − 1 − j)
+    p_right = ws[:, m - 1, :, :m].clone()                               # j = 0
+    for j in range(1, min(m, m_out)):
+        n = min(m_out - j, m)
+        p_right[:, :, :n] += ws[:, m - 1 - j, :, j:j + n]
+    out = torch.stack([p_left, p_right], 4)                             # (2, 2, m, P, 2, B)
+    return out.view(2, 2, m, 2 * P, B)[:, :, :, :nb]
 
 
 def _root_state(levels: list[torch.Tensor], k: int) -> torch.Tensor:
-    """The root's state probabilities ``(1, B, 2, 2, m)``: s = 0, c = k, u by its softmax."""
+    """The root's state probabilities ``(2, 2, m, 1, B)``: s = 0, c = k, u by its softmax."""
     root = levels[-1]
     q = torch.softmax(_root_logits(levels, k), -1)                       # (B, u)
-    sel = torch.zeros(2, root.shape[-1], dtype=q.dtype, device=q.device)
-    sel[0, k] = 1.0                                                       # s = 0, c = k
-    return (q[:, None, :, None] * sel[None, :, None, :])[None]
+    out = torch.zeros_like(root)
+    out[0, :, k, 0] = q.t()
+    return out
 
 
 def _extract(prob: torch.Tensor) -> torch.Tensor:
-    """μ ``(B, 2d − 1)`` from the leaves' state probabilities ``(d, B, s, t, c)``."""
-    unary = prob[:, :, :, 1, 1].sum(-1).t()                               # (B, d)
-    pair = prob[1:, :, 1, 1, 1].t()                                       # (B, d − 1)
-    return torch.cat([unary, pair], -1)
+    """μ ``(B, 2d − 1)`` from the leaves' state probabilities ``(s, t, c, d, B)``."""
+    unary = prob[:, 1, 1].sum(0)                                          # (d, B)
+    pair = prob[1, 1, 1, 1:]                                              # (d − 1, B)
+    return torch.cat([unary, pair], 0).t()
 
 
 def _marginals_from_levels(levels: list[torch.Tensor], d: int, k: int) -> torch.Tensor:
@@ -153,13 +171,11 @@ def _marginals_from_levels(levels: list[torch.Tensor], d: int, k: int) -> torch.
     autograd ops; the analytic path is :func:`_weighted_inside` and :func:`_down`)."""
     prob = _root_state(levels, k)
     for x in reversed(levels[:-1]):
-        mc = x.shape[-1]
-        s = _split_scores(*_pairs(x), k)                                  # (t·j, P, B, s, u, c)
-        # P(split | node state): a softmax over (t, j), normalised here rather than by the
+        s = _split_scores(*_pairs(x), k)                                  # (s, t·i, u, c, P, B)
+        # P(split | node state): a softmax over (t, i), normalised here rather than by the
         # parent's table (whose rounding is relative to its magnitude, up to ~1e10), so each
         # conditional sums to 1 to rounding and the mass is conserved
-        w = prob * torch.softmax(s, 0)
-        prob = _children(w.view(2, mc, *w.shape[1:]), x.shape[0])
+        prob = _children(prob.unsqueeze(1) * torch.softmax(s, 1), x.shape[3])
     return _extract(prob)
 
 
@@ -169,18 +185,18 @@ def _marginals_from_levels(levels: list[torch.Tensor], d: int, k: int) -> torch.
 
 def _weighted_inside(y: torch.Tensor, d: int, k: int
                      ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The (logsumexp, +) tables and, per merge, the split weights W = softmax over (t, j) of
-    :func:`_split_scores` ``(2m, P, B, s, u, c)`` (one exp per split score, reused by the
+    """The (logsumexp, +) tables and, per merge, the split weights W = softmax over (t, i) of
+    :func:`_split_scores` ``(2, 2m, 2, m_out, P, B)`` (one exp per split score, reused by the
     top-down pass and the tangents). No autograd (in place)."""
     levels = [_leaves(y, d)]
     weights = []
-    neg = _neg(y.dtype)
-    while levels[-1].shape[0] > 1:
+    neg, floor = _neg(y.dtype), _floor(y.dtype)
+    while levels[-1].shape[3] > 1:
         s = _split_scores(*_pairs(levels[-1]), k)
-        top = s.amax(0)
-        e = s.sub_(top).exp_()
-        z = e.sum(0)
-        levels.append(z.log().add_(top).clamp_min_(neg))
+        top = s.amax(1, keepdim=True)
+        e = s.sub_(top).clamp_min_(floor).exp_()
+        z = e.sum(1, keepdim=True)
+        levels.append(z.log().add_(top).clamp_min_(neg).squeeze(1))
         weights.append(e.div_(z))
     return levels, weights
 
@@ -190,8 +206,7 @@ def _down(levels: list[torch.Tensor], weights: list[torch.Tensor], k: int) -> li
     with the saved weights)."""
     probs = [_root_state(levels, k)]
     for x, W in zip(reversed(levels[:-1]), reversed(weights)):
-        w = probs[-1] * W
-        probs.append(_children(w.view(2, x.shape[-1], *w.shape[1:]), x.shape[0]))
+        probs.append(_children(probs[-1].unsqueeze(1) * W, x.shape[3]))
     return probs
 
 
@@ -199,9 +214,9 @@ def _leaf_tangent(g: torch.Tensor, d: int) -> torch.Tensor:
     """Tangents of the leaf tables along ḡ ``(B, 2d − 1)``: Ṫ[s, 1, 1] = ḡ_i + s·ḡ_{d+i−1}."""
     ga = g[:, :d].t()
     gb = F.pad(g[:, d:].t(), (0, 0, 1, 0))
-    out = g.new_zeros(d, g.shape[0], 2, 2, 2)
-    out[:, :, 0, 1, 1] = ga
-    out[:, :, 1, 1, 1] = ga + gb
+    out = g.new_zeros(2, 2, 2, d, g.shape[0])
+    out[0, 1, 1] = ga
+    out[1, 1, 1] = ga + gb
     return out
 
 
@@ -218,14 +233,14 @@ def _marginals_jvp(levels: list[torch.Tensor], weights: list[torch.Tensor],
     for W in weights:
         ds = _split_scores(*_pairs(dlevels[-1], tangent=True), k, fill=0.0)
         dscores.append(ds)
-        dlevels.append((W * ds).sum(0))
+        dlevels.append((W * ds).sum(1))
     q = torch.softmax(_root_logits(levels, k), -1)                       # (B, u)
     dr = _root_logits(dlevels, k)
     dq = q * (dr - (q * dr).sum(-1, keepdim=True))
-    dprob = probs[0] * 0
-    dprob[0, :, 0, :, k] = dq
+    dprob = torch.zeros_like(probs[0])
+    dprob[0, :, k, 0] = dq.t()
     for x, W, ds, dt, prob in zip(reversed(levels[:-1]), reversed(weights), reversed(dscores),
                                   reversed(dlevels[1:]), probs[:-1]):
-        dw = torch.addcmul(dprob * W, prob, W * (ds - dt))
-        dprob = _children(dw.view(2, x.shape[-1], *dw.shape[1:]), x.shape[0])
+        dw = torch.addcmul(dprob.unsqueeze(1) * W, prob.unsqueeze(1), W * (ds - dt.unsqueeze(1)))
+        dprob = _children(dw, x.shape[3])
     return _extract(dprob)

@@ -123,7 +123,7 @@ def _decode(levels: list[torch.Tensor], d: int, k: int, n_samples: int,
 
     Returns 0/1 ``(n_samples, B, 2d − 1)`` in the dtype of the tables."""
     root = levels[-1]
-    B, dev = root.shape[1], root.device
+    B, dev = root.shape[4], root.device
     S = n_samples
 
     def choose(logits: torch.Tensor) -> torch.Tensor:
@@ -136,8 +136,9 @@ def _decode(levels: list[torch.Tensor], d: int, k: int, n_samples: int,
     s_state = torch.zeros_like(u_state)
     c_state = torch.full_like(u_state, k)
     for x in reversed(levels[:-1]):
-        nb, m = x.shape[0], x.shape[-1]
-        left, right = _pairs(x)                                           # (P, B, 2, 2, m)
+        nb, m = x.shape[3], x.shape[2]
+        # the children's tables with the batch leading (views): (P, B, 2, 2, m)
+        left, right = (h.permute(3, 4, 0, 1, 2) for h in _pairs(x))
         P = left.shape[0]
         # T_L[s, :, :] for each sample's s, and T_R[:, u, c − j] for its (u, c)
         li = s_state[..., None, None, None].expand(S, P, B, 1, 2, m)
