@@ -241,6 +241,7 @@ def _marginals_jvp(levels: list[torch.Tensor], weights: list[torch.Tensor],
     dprob[0, :, k, 0] = dq.t()
     for x, W, ds, dt, prob in zip(reversed(levels[:-1]), reversed(weights), reversed(dscores),
                                   reversed(dlevels[1:]), probs[:-1]):
-        dw = torch.addcmul(dprob.unsqueeze(1) * W, prob.unsqueeze(1), W * (ds - dt.unsqueeze(1)))
+        # ẇ = W (proḃ + prob (ṡ − Ṫ_parent)), in place in ṡ (a temporary of this function)
+        dw = ds.sub_(dt.unsqueeze(1)).mul_(prob.unsqueeze(1)).add_(dprob.unsqueeze(1)).mul_(W)
         dprob = _children(dw, x.shape[3])
     return _extract(dprob)
