@@ -14,10 +14,11 @@ the batch leading (``(nb, B, s, u, c)``) the same ops ran over rows of 2m_out en
 slower per op.
 
 **Weights.** The split weights exp(S − max S) are computed from S − max S clamped at
-log(tiny) + 2 (:func:`_floor`): an exp that underflows costs 5–15x a normal one on CPU (the
-vectorised exp's slow path), and the "−∞" entries of the tables would all underflow. The
-clamped entries get weight ≤ e²·tiny relative to the split's largest (10⁻³⁷ in float32), far
-below rounding.
+log(tiny) + 10 (:func:`_floor`): an exp that underflows costs 5–15x a normal one on CPU (the
+vectorised exp's slow path), and the "−∞" entries of the tables would all underflow; the
+weights, that exp over the split's sum, stay normal numbers too (denormal operands slow every
+product of the top-down pass). The clamped entries get weight ≤ e¹⁰·tiny relative to the
+split's largest (3·10⁻³⁴ in float32, 5·10⁻³⁰⁴ in float64), far below rounding.
 
 **Analytic backward** (:func:`_marginals_jvp`). The Jacobian of μ is ∇²A = Cov_q(z), symmetric,
 so the VJP with ḡ is the directional derivative of μ along ḡ. The forward keeps, per merge, the
@@ -43,8 +44,9 @@ def _neg(dtype: torch.dtype) -> float:
 
 
 def _floor(dtype: torch.dtype) -> float:
-    """The lowest exponent given to exp: its result stays normal (module docstring)."""
-    return math.log(torch.finfo(dtype).tiny) + 2.0
+    """The lowest exponent given to exp: its result, divided by a split's sum (≤ 2m entries,
+    each ≤ 1), stays normal for m < 10⁴ (module docstring)."""
+    return math.log(torch.finfo(dtype).tiny) + 10.0
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ backward mode, and hypothesis properties of the marginals.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -197,6 +198,55 @@ def _brute_cov(w: torch.Tensor, k: int) -> torch.Tensor:
     p = torch.softmax(w @ z.T, -1)
     mu = p @ z
     return (z * p[:, None]).T @ z - torch.outer(mu, mu)
+
+
+@pytest.mark.parametrize("m,k", [(2, 1), (2, 5), (3, 4), (4, 3), (6, 5)])
+def test_split_scores_and_children_match_their_definitions(m, k, seed):
+    """The count-major kernels of _blocks against their definitions entry by entry:
+    S[s, t·m + i, u, c] = T_L[s, t, j] + T_R[t, u, c − j] (j = m − 1 − i, "−∞" outside the right
+    table's counts), the same in the out= (no autograd) and the autograd branch; and the
+    children of the split probabilities w: left (s, t, j) = Σ_{u,c} w, right (t, u, c') =
+    Σ_{s, c − j = c'} w, interleaved by block and cut to nb."""
+    from perturb.structured.subsets import _blocks as K
+
+    P, B = 3, 4
+    left, right = torch.randn(2, 2, 2, m, P, B, dtype=F64).unbind(0)
+    m_out = min(k, 2 * (m - 1)) + 1
+    S = K._split_scores(left, right, k)
+    S_grad = K._split_scores(left.clone().requires_grad_(), right, k)
+    assert S.shape == (2, 2 * m, 2, m_out, P, B)
+    assert torch.equal(S, S_grad.detach())
+    neg = K._neg(F64)
+    w = torch.randn(S.shape, dtype=F64)
+    want_l = torch.zeros(2, 2, m, P, B, dtype=F64)
+    want_r = torch.zeros(2, 2, m, P, B, dtype=F64)
+    for s, t, i, u, c in itertools.product(range(2), range(2), range(m), range(2), range(m_out)):
+        j = m - 1 - i
+        r = right[t, u, c - j] if 0 <= c - j < m else torch.full((P, B), neg, dtype=F64)
+        assert torch.equal(S[s, t * m + i, u, c], left[s, t, j] + r)
+        want_l[s, t, j] += w[s, t * m + i, u, c]
+        if 0 <= c - j < m:
+            want_r[t, u, c - j] += w[s, t * m + i, u, c]
+    for nb in (2 * P, 2 * P - 1):
+        got = K._children(w, nb)
+        assert got.shape == (2, 2, m, nb, B)
+        torch.testing.assert_close(got[:, :, :, 0::2], want_l[:, :, :, :(nb + 1) // 2])
+        torch.testing.assert_close(got[:, :, :, 1::2], want_r[:, :, :, :nb // 2])
+
+
+def test_split_weights_keep_exp_normal():
+    """The split weights come from exponents clamped at log(tiny) + 10 (an underflowing exp is
+    several times slower on CPU, denormal products too): every weight is a normal number, and
+    the weights of every split sum to 1."""
+    from perturb.structured.subsets import _blocks as K
+
+    for dtype in (torch.float32, F64):
+        y = (30 * torch.randn(6, 2 * 13 - 1)).to(dtype)
+        _, weights = K._weighted_inside(y, 13, 4)
+        tiny = torch.finfo(dtype).tiny
+        for W in weights:
+            assert (W >= tiny).all()
+            torch.testing.assert_close(W.sum(1), torch.ones_like(W.sum(1)))
 
 
 @pytest.mark.parametrize("d,k", [(1, 1), (2, 1), (3, 2), (5, 2), (7, 4), (7, 7)])
