@@ -17,7 +17,8 @@
   default size (d = 40, batches of 100, k = 5, τ = 0.5, Gumbel noise, CNN selector + MLP,
   Adam) with ``CorrelatedKSubset`` against the same step with the plain ExpFamilyEntropy top-k
   (target ratio ≤ 3), interleaved, with dispatched-op counts; and the relaxation alone
-  (fwd+bwd of ``regularized_argmax`` on (100, 79) scores).
+  (fwd+bwd of ``regularized_argmax`` on (100, 79) scores); both on the run's threads and on
+  one thread.
 
 Both sides run in the same process, interleaved, same inputs; times are medians.
 """
@@ -173,9 +174,15 @@ def _dp_thread_rows(quick: bool) -> list[dict]:
     return rows
 
 
-def _correlated_rows(quick: bool) -> list[dict]:
+def _correlated_rows(quick: bool, threads: int | None = None) -> list[dict]:
     """Issue 29: a training step of examples/correlated_topk.py, CorrelatedKSubset vs the plain
-    ExpFamilyEntropy top-k, same size, same process, interleaved."""
+    ExpFamilyEntropy top-k, same size, same process, interleaved; on ``threads`` threads if
+    given (named in the rows), else on the run's."""
+    if threads is not None:
+        with _threads(threads):
+            rows = _correlated_rows(quick)
+        unit = "thread" if threads == 1 else "threads"
+        return [{**r, "name": f"{r['name']}, {threads} {unit}"} for r in rows]
     import perturb
     from perturb.structured import CorrelatedKSubset, KSubset
 
@@ -284,6 +291,7 @@ def run(quick: bool = False) -> list[dict]:
     rows += _dp_rows(quick)
     rows += _dp_thread_rows(quick)
     rows += _correlated_rows(quick)
+    rows += _correlated_rows(quick, threads=1)
     return rows
 
 
