@@ -56,7 +56,10 @@ is twice differentiable).
 
 Numerics: "−∞" is a finite stand-in (−max/16 of the dtype, clamped after each merge) so that
 gradients of impossible states are 0, never NaN; scores of ±1e4 at τ = 1e-3 give finite
-marginals on the polytope and finite gradients. Half-precision inputs are computed in float32.
+marginals on the polytope and finite gradients. The analytic path's split weights of impossible
+states are ≤ e¹⁰·tiny relative (the exponents are floored so that exp stays normal and fast:
+:mod:`perturb.structured.subsets._blocks`), far below rounding. Half-precision inputs are
+computed in float32.
 
 References: Paulus, Choi, Tarlow, Krause & Maddison (2020), "Gradient estimation with stochastic
 softmax tricks", arXiv:2006.08063, §4 and App. C (correlated top-k; BeerAdvocate experiments).
