@@ -53,16 +53,10 @@ from perturb._math import exp_floored, log_expm1, logaddexp2
 from perturb._validation import reads_stall
 from perturb.boxes._bessel import _log_k0_exp, _log_neg_g_prime
 from perturb.boxes.box import Box
-from perturb.boxes.intersections import _NESTED, _log1m_containment
+from perturb.boxes.intersections import _NESTED, _log1m_containment, _neg_softplus_gap_
 from perturb.boxes.volumes import _SOFTPLUS_TAIL, _log_softplus
 
 _LOG2 = math.log(2.0)
-
-
-def _neg_softplus_gap_(gap: torch.Tensor, c: float) -> torch.Tensor:
-    """−β·softplus(−|gap|/β) (c = 1/β), written over a fresh ``|gap|`` buffer: softplus with
-    the negative scale −c (x ≥ 0 never reaches its linear threshold)."""
-    return torch._C._nn.softplus(gap, -c, 20.0, out=gap)  # type: ignore[call-arg]
 
 
 def _gumbel_pair_forward(lower: torch.Tensor, upper: torch.Tensor, beta: float, vbeta: float,

@@ -54,7 +54,11 @@ def _neg_softplus_gap(a: torch.Tensor, b: torch.Tensor, c: float) -> torch.Tenso
     """−β·softplus(−|a − b|/β) ∈ [−β·log 2, 0] (c = 1/β), in one buffer: softplus with the
     negative scale −c written over |a − b| (every op but the first in place: at large sizes
     each fresh buffer costs as much as a pass). ∞ − ∞ (equal infinite corners) reads as 0."""
-    gap = _gap(a, b)
+    return _neg_softplus_gap_(_gap(a, b), c)
+
+
+def _neg_softplus_gap_(gap: torch.Tensor, c: float) -> torch.Tensor:
+    """−β·softplus(−gap/β) (c = 1/β) written over a fresh ``gap = |a − b|`` buffer."""
     # F.softplus(x, beta) = log1p(exp(beta·x))/beta, here with beta = −c < 0 (x ≥ 0: never
     # above the threshold), written over its input (torch's stub does not list out=)
     return torch._C._nn.softplus(gap, -c, 20.0, out=gap)  # type: ignore[call-arg]
