@@ -79,6 +79,14 @@ class Uniform(Noise):
     def cdf(self, x: torch.Tensor) -> torch.Tensor:
         return ((_as_tensor(x, "x") - self.low) / (self.high - self.low)).clamp(0.0, 1.0)
 
+    def log_cdf(self, x: torch.Tensor) -> torch.Tensor:
+        return _log_fraction(_as_tensor(x, "x") - self.low, self.high - self.low)
+
+    def log_sf(self, x: torch.Tensor) -> torch.Tensor:
+        """``log((high − x)/(high − low))`` on the support, directly (no ``1 − F``: exact
+        where F is close to 1), 0 below it and −inf above."""
+        return _log_fraction(self.high - _as_tensor(x, "x"), self.high - self.low)
+
     @property
     def mean(self) -> float:
         return 0.5 * (self.low + self.high)
@@ -91,3 +99,11 @@ class Uniform(Noise):
         """The support, one panel per piece between kinks, ``min(d//2 + 1, 32)`` nodes each."""
         # Between kinks the integrands are polynomials of degree ≤ d: exact with d//2 + 1 nodes.
         return QuadratureLayout(self.low, self.high, math.inf, min(d // 2 + 1, 32))
+
+
+def _log_fraction(v: torch.Tensor, width: float) -> torch.Tensor:
+    """``log clamp(v/width, 0, 1)``: −inf where ``v <= 0`` with a zero gradient there (the log
+    is taken of a value masked to 1), 0 where ``v >= width``."""
+    r = (v / width).clamp(max=1.0)
+    pos = r > 0
+    return torch.where(pos, torch.log(torch.where(pos, r, torch.ones_like(r))), -math.inf)

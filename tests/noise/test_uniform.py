@@ -5,6 +5,7 @@ gradcheck (also at tied scores, where the kinks of the integrand coincide).
 """
 from __future__ import annotations
 
+import math
 
 import pytest
 import torch
@@ -80,3 +81,19 @@ def test_uniform_gradients_at_ties(noise):
         assert torch.autograd.gradcheck(noise.argmax_probs, (theta,), atol=1e-7)
         jac = torch.autograd.functional.jacobian(noise.argmax_probs, theta.detach())
         torch.testing.assert_close(jac, jac.T, atol=1e-12, rtol=0)
+
+
+def test_log_cdf_and_log_sf_are_exact_with_finite_gradients():
+    """log F and log S of the support computed directly (S not as 1 − F: exact where F is
+    within 1e-12 of 1), −inf outside with zero gradients (no 0·inf in the backward)."""
+    u = Uniform(-1.0, 3.0)
+    x = torch.tensor([-2.0, -1.0, 0.0, 3.0 - 4e-12, 3.0, 5.0], dtype=torch.float64,
+                     requires_grad=True)
+    log_f, log_s = u.log_cdf(x), u.log_sf(x)
+    want_f = [-math.inf, -math.inf, math.log(0.25), math.log1p(-1e-12), 0.0, 0.0]
+    want_s = [0.0, 0.0, math.log(0.75), math.log(1e-12), -math.inf, -math.inf]
+    for got, want in ((log_f, want_f), (log_s, want_s)):
+        for g, w in zip(got.tolist(), want):
+            assert g == w or g == pytest.approx(w, rel=1e-4 if w == math.log(1e-12) else 1e-15)
+    (log_f + log_s).masked_fill(~torch.isfinite(log_f + log_s), 0).sum().backward()
+    assert torch.isfinite(x.grad).all()
