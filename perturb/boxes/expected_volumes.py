@@ -26,6 +26,11 @@ Evaluation, per coordinate, with :math:`g = \min_j u_j − \max_j l_j` (the hard
 - **One box under Normal or Logistic noise** (the volumes of single boxes, the denominators
   of containment): the closed forms of ``perturb/boxes/_noise_sides.py`` (the side is
   ``g − S`` with ``S`` the sum of two draws).
+- **Noise of bounded support** (``Uniform``, user noises with ``bounded = True``) and
+  **NegativeExponential** noise: the integrand has kinks where a factor reaches 0 or 1, so it
+  is integrated piece by piece between them: Gauss–Legendre per piece, exact for Uniform
+  (``perturb/boxes/_bounded_sides.py``), and the closed form of a piecewise-exponential
+  integrand (``perturb/boxes/_negexp_sides.py``); also the lost side of nested pairs.
 - **Other sides**: the integral above in log space (a log-sum-exp of log weights plus
   :math:`\sum_j \log F`), composite Gauss–Legendre in float64 over
   :math:`[\min(L, U) + l_N, \max(L, U) − l_N]` (:math:`L = \max_j l_j`, :math:`U = \min_j u_j`,
@@ -58,13 +63,14 @@ import torch
 from perturb._deprecation import warn_future
 from perturb._math import log1mexp
 from perturb._validation import reads_stall
+from perturb.boxes import _bounded_sides, _negexp_sides
 from perturb.boxes._bessel import _any
 from perturb.boxes._noise_sides import side_closed_form
 from perturb.boxes._side_integral import _log_cdf, log_side
 from perturb.boxes.box import Box, _broadcast_all, _width
 from perturb.boxes.volumes import (_log_gumbel_side_length, _log_hard_volume, _log_volume,
                                    _resolve_method, _sum_log_sides)
-from perturb.noise import Gumbel, Logistic, Noise, Normal
+from perturb.noise import Gumbel, Logistic, NegativeExponential, Noise, Normal
 from perturb.noise._args import check_noise
 from perturb.noise._quadrature import gl_pieces
 
@@ -100,7 +106,8 @@ _SIDE_RULE: dict[type, tuple[float, int]] = {Normal: (2.0, 16), Logistic: (2.0, 
 
 def check_box_noise(noise: object, name: str = "noise") -> None:
     """ValueError unless ``noise`` is None or a continuous noise with a CDF and a density on
-    an unbounded support (what the quadrature of this module needs)."""
+    the whole line or a bounded interval, or ``NegativeExponential`` (what the engines of this
+    module integrate)."""
     if noise is None:
         return
     if isinstance(noise, type):
@@ -114,11 +121,22 @@ def check_box_noise(noise: object, name: str = "noise") -> None:
         raise ValueError(f"{name}={noise!r} lacks {', '.join(lacks)}: expected box volumes "
                          f"integrate the noise's CDF, so they need a continuous noise with "
                          f"cdf() and log_prob()")
-    if noise.bounded or not all(math.isinf(float(end)) for end in noise.support):
-        raise ValueError(f"{name}={noise!r} has bounded support {noise.support}: expected box "
-                         f"volumes are "
-                         f"implemented for noise on the whole line (Gumbel, Normal, Logistic, "
-                         f"or a user noise)")
+    if _piecewise(noise) is None and (
+            noise.bounded or not all(math.isinf(float(end)) for end in noise.support)):
+        raise ValueError(f"{name}={noise!r} has the support {noise.support}, bounded on one "
+                         f"side only: expected box volumes are implemented for noise on the "
+                         f"whole line (Gumbel, Normal, Logistic, or a user noise), on a bounded "
+                         f"interval (Uniform, or a user noise with bounded = True) and for "
+                         f"NegativeExponential")
+
+
+def _piecewise(noise: Noise) -> Any:
+    """The engine module of noise whose sides are integrated piece by piece between kinks:
+    bounded support (``_bounded_sides``) or NegativeExponential (``_negexp_sides``); else
+    None."""
+    if _bounded_sides.is_bounded_noise(noise):
+        return _bounded_sides
+    return _negexp_sides if type(noise) is NegativeExponential else None
 
 
 def _gumbel_log_sides(lo: torch.Tensor, up: torch.Tensor, beta: float) -> torch.Tensor:
@@ -134,6 +152,9 @@ def _gumbel_log_sides(lo: torch.Tensor, up: torch.Tensor, beta: float) -> torch.
 def _log_sides(lo: torch.Tensor, up: torch.Tensor, noise: Noise) -> torch.Tensor:
     """log E[(min_j U_j − max_j L_j)_+] for the m boxes ``lo, up`` ``(m, *batch, d)`` (finite,
     float64), ``(*batch, d)``; the engine of the module docstring."""
+    piecewise = _piecewise(noise)
+    if piecewise is not None:       # bounded or NegativeExponential noise: exact pieces
+        return piecewise.log_sides(lo, up, noise)
     m = lo.shape[0]
     closed = side_closed_form(noise) if m == 1 else None
     if closed is not None:          # one box under Normal or Logistic noise: elementary
@@ -221,9 +242,13 @@ def _log1m_ratio(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
     """
     log_b = _log_sides(lo_b.unsqueeze(0), up_b.unsqueeze(0), noise)
     log_ab = _log_sides(torch.stack([lo_a, lo_b]), torch.stack([up_a, up_b]), noise)
-    log_p = (log_ab - log_b).clamp(max=0.0).sum(-1)
-    far = log_p <= -_LOG2
-    out = log1mexp(torch.where(far, log_p, torch.full_like(log_p, -1.0)))
+    # b with a side of expected length exactly 0 (noise of bounded support) is contained in
+    # every box, as an empty hard box: P = 1, log(1 − P) = −inf, zero gradients
+    empty = torch.isneginf(log_b).any(-1)
+    log_p = torch.where(empty.unsqueeze(-1), 0.0, log_ab - log_b).clamp(max=0.0).sum(-1)
+    far = (log_p <= -_LOG2) | empty
+    out = log1mexp(torch.where(far & ~empty, log_p, torch.full_like(log_p, -1.0)))
+    out = torch.where(empty, -math.inf, out)
     if not _any((~far).any()):
         return out
     if log_p.dim() == 0 or reads_stall(log_p):
@@ -243,13 +268,33 @@ def _log1m_near(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
 
     Per coordinate the side of b loses :math:`δ = s_b − s_{ab} = \int g_b(x)(1 − h_a(x))\,dx`
     in the intersection (:math:`g_b` the integrand of b's side, :math:`h_a = F(x − l_a)
-    F(u_a − x)`), integrated directly in log space with :math:`\log(1 − h_a)` from
-    ``log1mexp`` (no cancellation), on each half of b (the two ends of b meet a's two ends).
+    F(u_a − x)`), integrated directly in log space with :math:`1 − h_a` from the survival
+    function (no cancellation): by quadrature on each half of b (the two ends of b meet a's
+    two ends, :func:`_log_lost_side`), or piece by piece for bounded and NegativeExponential
+    noise (``log_lost_side`` of ``_bounded_sides`` / ``_negexp_sides``).
     With :math:`r = δ / s_b`, :math:`\log(s_{ab}/s_b) = \log(1 − r)` is ``log1mexp(log r)``
     for r <= 1/2 and :math:`\log s_{ab} − \log s_b` above; the result is
     :math:`\log(1 − \prod_i (1 − r_i)) = \log \sum_i r_i \prod_{j<i} (1 − r_j)`, a log-sum-exp
     of positive terms (no cancellation when every :math:`r_i` is tiny).
     """
+    piecewise = _piecewise(noise)
+    if piecewise is not None:
+        log_delta = piecewise.log_lost_side(lo_a, up_a, lo_b, up_b, noise)
+    else:
+        log_delta = _log_lost_side(lo_a, up_a, lo_b, up_b, noise)
+    log_r = (log_delta - log_b).clamp(max=0.0)
+    small = log_r < -_LOG2
+    log_keep = torch.where(small, log1mexp(torch.where(small, log_r, -1.0)),
+                           (log_ab - log_b).clamp(max=0.0))
+    # 1 − Π_i (1 − r_i) = Σ_i r_i Π_{j<i} (1 − r_j): a sum of positive terms, so tiny r_i
+    # (b deep inside a, where log1mexp(Σ_i log(1 − r_i)) rounds to log 0) keep their digits
+    before = torch.cumsum(log_keep, -1) - log_keep
+    return torch.logsumexp(log_r + before, -1).clamp(max=0.0)
+
+
+def _log_lost_side(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
+                   up_b: torch.Tensor, noise: Noise) -> torch.Tensor:
+    """log δ of :func:`_log1m_near` by quadrature, on each half of b."""
     layout = noise.quadrature_layout(2)
     low, width, order = float(layout.low), float(layout.width), int(layout.order)
     with torch.no_grad():
@@ -266,16 +311,8 @@ def _log1m_near(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
                                    noise.log_cdf(below) + noise.log_sf(above))
         return _log_g(lo_b.unsqueeze(0), up_b.unsqueeze(0), noise, x) + log_1m_h
 
-    log_delta = torch.logaddexp(_log_integral(log_loss, start, mid, width, order),
-                                _log_integral(log_loss, mid, stop, width, order))
-    log_r = (log_delta - log_b).clamp(max=0.0)
-    small = log_r < -_LOG2
-    log_keep = torch.where(small, log1mexp(torch.where(small, log_r, -1.0)),
-                           (log_ab - log_b).clamp(max=0.0))
-    # 1 − Π_i (1 − r_i) = Σ_i r_i Π_{j<i} (1 − r_j): a sum of positive terms, so tiny r_i
-    # (b deep inside a, where log1mexp(Σ_i log(1 − r_i)) rounds to log 0) keep their digits
-    before = torch.cumsum(log_keep, -1) - log_keep
-    return torch.logsumexp(log_r + before, -1).clamp(max=0.0)
+    return torch.logaddexp(_log_integral(log_loss, start, mid, width, order),
+                           _log_integral(log_loss, mid, stop, width, order))
 
 
 def _zoom(x: torch.Tensor, log_g: torch.Tensor, a: torch.Tensor, b: torch.Tensor
@@ -356,16 +393,20 @@ def expected_volume(*boxes: Box, noise: Noise | None = None, log: bool = False) 
     gives the Gumbel boxes of Dasgupta et al.: the result equals
     ``volume(intersection(*boxes, beta=β), beta=β)`` (closed form, the fast path); Normal,
     Logistic and user noises are integrated by quadrature (float64, relative error ~1e-12 on
-    the log volume; one box under Normal or Logistic noise in closed form); ``noise=None``
-    is the zero-noise limit, the hard volume. The softplus ("soft") volume of Li et al.
+    the log volume; one box under Normal or Logistic noise in closed form); noise of bounded
+    support (``Uniform``, or a user noise with ``bounded = True``) piece by piece between the
+    kinks of its CDF (exact for Uniform, whose boxes can be disjoint with volume exactly 0)
+    and ``NegativeExponential`` in closed form; ``noise=None`` is the zero-noise limit, the
+    hard volume. The softplus ("soft") volume of Li et al.
     smooths the hard volume and is no noise's expectation: it is :func:`perturb.boxes.volume`
     with ``temperature=``.
 
     Args:
         *boxes: one or more :class:`~perturb.boxes.Box` (same d, dtype and device; batch shapes
             broadcast). One box gives its own expected volume.
-        noise: a continuous :class:`~perturb.noise.Noise` on the whole line with ``cdf`` and
-            ``log_prob``, or None (hard boxes).
+        noise: a continuous :class:`~perturb.noise.Noise` with ``cdf`` and ``log_prob`` on
+            the whole line or on a bounded interval, or ``NegativeExponential``; or None (hard
+            boxes).
         log: return ``log E[vol]`` (computed in log space throughout; use it for small volumes
             in high dimension).
 
@@ -379,8 +420,8 @@ def expected_volume(*boxes: Box, noise: Noise | None = None, log: bool = False) 
 
     Raises:
         ValueError: no box, or not a Box; different d, dtype or device; batch shapes that do
-            not broadcast; a noise without a CDF or a density (``Discrete``), or with bounded
-            support.
+            not broadcast; a noise without a CDF or a density (``Discrete``), or with a
+            support bounded on one side only (other than ``NegativeExponential``).
 
     Example:
         >>> from perturb.noise import Gumbel, Normal

@@ -234,8 +234,9 @@ def log_containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = Non
                                                 noise)
         log_b = _box_log_volume(b, method, vbeta, temperature, approx, noise)
         out = log_inter - log_b
-        if method == "hard":
-            # An empty hard b is contained in every box: P = 1 (0/0 otherwise).
+        if method == "hard" or noise is not None:
+            # An empty b (hard, or under noise of bounded support, whose expected volume can
+            # be exactly 0) is contained in every box: P = 1 (0/0 otherwise).
             out = torch.where(torch.isneginf(log_b).expand_as(out), torch.zeros_like(out), out)
         return out
 

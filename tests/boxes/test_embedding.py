@@ -5,7 +5,7 @@ import torch
 from perturb._validation import set_validation
 from perturb.boxes import (Box, BoxEmbedding, containment_loss, containment_prob, overlap,
                            volume)
-from perturb.noise import Gumbel, Logistic, Normal, Uniform
+from perturb.noise import Discrete, Gumbel, Logistic, Normal, Uniform
 
 PARAMS = ["center_offset", "min_delta", "sigmoid"]
 
@@ -94,7 +94,7 @@ def test_range_check_is_a_value_check():
     ({"num_entities": 0}, "num_entities"), ({"dim": 0}, "dim"), ({"beta": 0.0}, "beta"),
     ({"parameterisation": "polar"}, "parameterisation"), ({"init": (0.2, 0.1)}, "init"),
     ({"init": 1.5}, "init"), ({"noise": Normal(0.1), "beta": 0.2}, "not both"),
-    ({"noise": Normal(0.1), "beta": None}, "not both"), ({"noise": Uniform()}, "bounded"),
+    ({"noise": Normal(0.1), "beta": None}, "not both"), ({"noise": Discrete([0.0, 1.0], [0.5, 0.5])}, "lacks continuous"),
 ])
 def test_bad_constructor_arguments(kw, match):
     args = {"num_entities": 3, "dim": 2, **kw}
@@ -267,3 +267,22 @@ def test_format_1_state_still_loads():
 def test_a_noise_the_state_dict_cannot_record_is_refused_with_the_alternative():
     with pytest.raises(ValueError, match="expected_volume"):
         BoxEmbedding(3, 2, noise=_MyNormal(0.1))
+
+
+@pytest.mark.parametrize("noise", [Uniform(-0.1, 0.1), Normal(0.1)], ids=repr)
+def test_any_box_noise_round_trips_and_scores(noise):
+    """A bounded-support noise works like the others: its record survives the state_dict
+    (weights_only) and the convenience methods are the core functions on the gathered boxes."""
+    import io
+
+    from perturb.boxes import containment_prob
+    emb = BoxEmbedding(4, 2, noise=noise)
+    buf = io.BytesIO()
+    torch.save(emb.state_dict(), buf)
+    buf.seek(0)
+    other = BoxEmbedding(4, 2)
+    other.load_state_dict(torch.load(buf, weights_only=True))
+    assert other.noise == noise
+    parent, child = torch.tensor([0, 1]), torch.tensor([2, 3])
+    torch.testing.assert_close(emb.containment_prob(parent, child),
+                               containment_prob(emb(parent), emb(child), noise=noise))

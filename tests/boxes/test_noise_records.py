@@ -7,14 +7,15 @@ import pytest
 
 from perturb.boxes.hierarchy import HierarchyConfig
 from perturb.boxes.noise_records import check_recordable, noise_from_record, noise_record
-from perturb.noise import Gumbel, Logistic, NegativeExponential, Normal
+from perturb.noise import Discrete, Gumbel, Logistic, NegativeExponential, Normal, Uniform
 
 
 class _MyNormal(Normal):
     """A user's noise: the expected volumes can use it, a record cannot name it."""
 
 
-@pytest.mark.parametrize("noise", [Gumbel(0.01), Normal(0.3), Logistic(2.0), None], ids=repr)
+@pytest.mark.parametrize("noise", [Gumbel(0.01), Normal(0.3), Logistic(2.0), Uniform(-0.2, 0.1),
+                                   NegativeExponential(0.2), None], ids=repr)
 def test_round_trip_through_json(noise):
     record = json.loads(json.dumps(noise_record(noise)))
     assert noise_from_record(record) == noise
@@ -24,7 +25,7 @@ def test_round_trip_through_json(noise):
 @pytest.mark.parametrize("bad, match", [
     ({"family": "Cauchy", "scale": 1.0}, "noise must be"), ({"scale": 1.0}, "noise must be"),
     (0.1, "noise must be"), (Normal, r"pass noise=Normal\(\)"),
-    (NegativeExponential(), "bounded support"), (_MyNormal(0.1), "cannot record it"),
+    (Discrete([0.0, 1.0], [0.5, 0.5]), "lacks continuous"), (_MyNormal(0.1), "cannot record it"),
 ])
 def test_bad_records_and_noises(bad, match):
     with pytest.raises(ValueError, match=match):
