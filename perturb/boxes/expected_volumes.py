@@ -59,6 +59,7 @@ from perturb._deprecation import warn_future
 from perturb._math import log1mexp
 from perturb._validation import reads_stall
 from perturb.boxes._bessel import _any
+from perturb.boxes._logistic_sides import logistic_log_side2
 from perturb.boxes._noise_sides import side_closed_form
 from perturb.boxes._side_integral import _log_cdf, log_side
 from perturb.boxes.box import Box, _broadcast_all, _width
@@ -135,6 +136,8 @@ def _log_sides(lo: torch.Tensor, up: torch.Tensor, noise: Noise) -> torch.Tensor
     """log E[(min_j U_j − max_j L_j)_+] for the m boxes ``lo, up`` ``(m, *batch, d)`` (finite,
     float64), ``(*batch, d)``; the engine of the module docstring."""
     m = lo.shape[0]
+    if m == 2 and type(noise) is Logistic:      # two boxes, Logistic noise: closed form
+        return logistic_log_side2(lo, up, float(noise.scale))
     closed = side_closed_form(noise) if m == 1 else None
     if closed is not None:          # one box under Normal or Logistic noise: elementary
         return closed(up[0] - lo[0])
