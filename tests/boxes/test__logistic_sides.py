@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perturb.boxes import Box, expected_volume
-from perturb.boxes._logistic_sides import _SMALL, logistic_log_side2
+from perturb.boxes._logistic_sides import _SMALL, logistic_log_loss, logistic_log_side2
 from perturb.boxes.expected_volumes import _log_sides
 from perturb.noise import Logistic
 
@@ -174,3 +174,91 @@ def test_extreme_corners_finite(scale):
     assert torch.isfinite(out).all()
     out.sum().backward()
     assert torch.isfinite(lo.grad).all() and torch.isfinite(up.grad).all()
+
+
+def _loss_reference(la: float, ua: float, lb: float, ub: float) -> float:
+    """log ∫ g_b (1 − h_a) (units of s), breakpoints every 5 scales, with the digits that
+    1 − h_a needs (h_a = 1 − e^{−300} for the deepest case)."""
+    with mpmath.workdps(40 + int(max(abs(la), abs(ua)) / 2)):
+        la_, ua_, lb_, ub_ = (mpmath.mpf(v) for v in (la, ua, lb, ub))
+
+        def sig(z):
+            return 1 / (1 + mpmath.exp(-z))
+
+        def f(x):
+            return sig(x - lb_) * sig(ub_ - x) * (1 - sig(x - la_) * sig(ua_ - x))
+
+        lo, hi = min(la, ua, lb, ub) - 60, max(la, ua, lb, ub) + 60
+        pts = [mpmath.mpf(lo + 5 * k) for k in range(int((hi - lo) / 5) + 2)]
+        return float(mpmath.log(mpmath.quad(f, [-mpmath.inf] + pts + [mpmath.inf])))
+
+
+LOSS_CASES = [(-5, 5, -1, 1), (-50, 50, -1, 1), (-30, 30, 0, 0), (0, 1, 0.2, 0.5), (0, 1, 0, 1),
+              (-3, 3, 2, 4), (-1, 1, -1, 1), (0, 10, 5, 5.5), (-20, 40, -1, 30), (5, -5, 0, 1),
+              (-300, 300, -5, 5), (-0.1, 0.1, -0.1, 0.1), (0, 3, 0, 3.0000001)]
+
+
+def test_loss_against_mpmath():
+    """What b's side loses in a ∩ b (b nested deep in a, shallowly, equal, inverted a): the
+    closed form within 1e-14 relative of the integral (of 1 − h_a, so no cancellation in the
+    reference either)."""
+    t = torch.tensor(LOSS_CASES, dtype=F64)
+    got = logistic_log_loss(t[:, 0], t[:, 1], t[:, 2], t[:, 3], 1.0)
+    for row, v in zip(LOSS_CASES, got.tolist()):
+        want = _loss_reference(*row)
+        assert abs(v - want) <= 1e-14 * max(1.0, abs(want)), (row, v, want)
+
+
+@pytest.mark.parametrize("scale", [1e-3, 0.1])
+def test_log1m_against_quadrature(scale):
+    """log(1 − P(b ⊆ a)) of nested and nearly nested pairs (the path of _log1m_near): the
+    closed form against the quadrature (a subclass) to 1e-12 relative, with finite
+    gradients; b nested deeper than the float precision of P itself included."""
+    from perturb.boxes import log1m_containment_prob
+    g = torch.Generator().manual_seed(2)
+    lo_a = torch.rand(40, 3, generator=g, dtype=F64)
+    up_a = lo_a + 0.2 + torch.rand(40, 3, generator=g, dtype=F64)
+    depth = torch.tensor([0.0, 1.0, 5.0, 30.0] * 10, dtype=F64)[:, None] * scale
+    lo_b = (lo_a + depth * torch.rand(40, 3, generator=g, dtype=F64)).requires_grad_()
+    up_b = (up_a - depth * torch.rand(40, 3, generator=g, dtype=F64)).requires_grad_()
+    a, b = Box(lo_a, up_a), Box(lo_b, up_b)
+    got = log1m_containment_prob(a, b, noise=Logistic(scale))
+    want = log1m_containment_prob(a, b, noise=_QuadratureLogistic(scale))
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    got.sum().backward()
+    assert torch.isfinite(lo_b.grad).all() and torch.isfinite(up_b.grad).all()
+
+
+@pytest.mark.parametrize("case", [(-5.0, 5.0, -1.0, 1.0), (0.0, 1.0, 0.2, 0.5),
+                                  (-30.0, 30.0, 0.0, 0.0), (5.0, -5.0, 0.0, 1.0)])
+def test_loss_gradcheck(case):
+    """float64 gradcheck of the loss in each corner."""
+    t = [torch.tensor([v], dtype=F64, requires_grad=True) for v in case]
+    assert torch.autograd.gradcheck(lambda *c: logistic_log_loss(*c, 0.7), tuple(t),
+                                    eps=1e-7, atol=1e-6, rtol=1e-5)
+
+
+def test_switch_restores_quadrature(monkeypatch):
+    """``_LOGISTIC_PAIRS_CLOSED = False`` (the bench's before path) takes the quadrature for
+    pairs and the nested-pair loss; both paths agree to 1e-12. Three boxes always take it."""
+    from perturb.boxes import expected_volumes as ev
+    from perturb.boxes import log1m_containment_prob
+    g = torch.Generator().manual_seed(3)
+    lo = torch.rand(3, 20, 4, generator=g, dtype=F64)
+    up = lo + 0.05 + 0.5 * torch.rand(3, 20, 4, generator=g, dtype=F64)
+    boxes = [Box(lo[i], up[i]) for i in range(3)]
+    inner = Box(lo[0] + 0.01, up[0] - 0.01)
+    noise = Logistic(0.1)
+    closed = (expected_volume(*boxes[:2], noise=noise, log=True),
+              log1m_containment_prob(boxes[0], inner, noise=noise))
+    calls = []
+    monkeypatch.setattr(ev, "logistic_log_side2", lambda *a: calls.append(a) or 1 / 0)
+    triple = expected_volume(*boxes, noise=noise, log=True)      # m = 3: never the closed form
+    assert not calls and torch.isfinite(triple).all()
+    monkeypatch.setattr(ev, "_LOGISTIC_PAIRS_CLOSED", False)
+    quad = (expected_volume(*boxes[:2], noise=noise, log=True),
+            log1m_containment_prob(boxes[0], inner, noise=noise))
+    assert not calls
+    for c, q in zip(closed, quad):
+        torch.testing.assert_close(c, q, rtol=1e-12, atol=1e-12)
