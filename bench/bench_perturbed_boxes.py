@@ -6,14 +6,17 @@ sides range from nested to disjoint at β = 0.1), log E[vol(a ∩ b)] summed, fo
 backward to the corners. The reference is the Gumbel closed form (Bessel volume of the Gumbel
 intersection) measured in the same run, interleaved. Rows: the quadrature with Gumbel noise
 forced (a Gumbel subclass, so the accuracy against the closed form is measured on the same
-law), Normal and Logistic noise; and ``log1m_containment_prob`` (the negative-pair loss) with
-Normal noise against the Gumbel one. The note gives the largest relative error of the log
-volume against the closed form and the quadrature nodes per side (panels × order, last pass).
+law), Normal noise, Logistic noise (the two-box closed form of
+perturb/boxes/_logistic_sides.py) and Logistic noise on the path before the closed form
+(pairs by quadrature, ``_before``); and ``log1m_containment_prob`` (the negative-pair loss)
+with Normal and Logistic noise (both paths) against the Gumbel one. The note gives the
+largest relative error of the log volume against the closed form and the quadrature nodes per
+side (panels × order, last pass).
 
 Training step: 256 positive pairs (b a random sub-box of a, −log P(b ⊆ a)) and 2560 negative
 pairs (random boxes, sides 0.1–0.5 in the unit cube, −log(1 − P)), d = 10, float32 corners
-(the hierarchy trainer's dtype), forward and backward, Normal and Logistic noise against the
-Gumbel closed form (same run, interleaved, one thread).
+(the hierarchy trainer's dtype), forward and backward, Normal, Logistic and before-the-closed-form
+Logistic noise against the Gumbel closed form (same run, interleaved, one thread).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import torch
 
 from bench._timing import count_ops, device, row, time_interleaved
 from perturb.boxes import Box, expected_volume, log1m_containment_prob, log_containment_prob
+from perturb.boxes import expected_volumes as ev
 from perturb.noise import Gumbel, Logistic, Normal
 
 BETA = 0.1
@@ -28,6 +32,21 @@ BETA = 0.1
 
 class _QuadratureGumbel(Gumbel):
     """Gumbel noise taking the generic quadrature (not the closed form)."""
+
+
+def _before(step):
+    """``step`` run on the path before the two-box closed form of
+    perturb/boxes/_logistic_sides.py: one-box sides in closed form, Logistic pairs by
+    quadrature (the switch ``expected_volumes._LOGISTIC_PAIRS_CLOSED`` off while it runs; a
+    Logistic subclass would lose the one-box closed form and the Logistic quadrature rule
+    too)."""
+    def run():
+        ev._LOGISTIC_PAIRS_CLOSED = False
+        try:
+            step()
+        finally:
+            ev._LOGISTIC_PAIRS_CLOSED = True
+    return run
 
 
 def _data(n: int, d: int, seed: int = 0) -> list[torch.Tensor]:
@@ -88,17 +107,25 @@ def _training_rows(quick: bool) -> list[dict]:
     try:
         n_pos = 64 if quick else 256
         tensors = _training_data(n_pos, 10, 10)
-        noises = {"gumbel": Gumbel(BETA), "normal": Normal(BETA), "logistic": Logistic(BETA)}
-        times = time_interleaved({k: _training_step(v, tensors) for k, v in noises.items()},
+        noises = {"gumbel": Gumbel(BETA), "normal": Normal(BETA), "logistic": Logistic(BETA),
+                  "logistic (quadrature)": Logistic(BETA)}
+        steps = {k: _training_step(v, tensors) for k, v in noises.items()}
+        steps["logistic (quadrature)"] = _before(steps["logistic (quadrature)"])
+        times = time_interleaved(steps,
                                  repeat=3 if quick else 5, warmup=1)
     finally:
         torch.set_num_threads(threads)
     size = f"{n_pos} positives + {10 * n_pos} negatives, d=10, float32, scale {BETA}, 1 thread"
+    notes = {"normal": "one-box sides in closed form, intersections by quadrature with the "
+                       "hazard backward",
+             "logistic": "every side and the loss of nested negatives in closed form "
+                         "(perturb/boxes/_logistic_sides.py)",
+             "logistic (quadrature)": "the path before the two-box closed form: intersections "
+                                      "and the loss of nested negatives by quadrature"}
     return [row(f"training step fwd+bwd, {name} noise ({size})", times[name],
                 "Gumbel closed form (same run)", times["gumbel"],
-                note="−log P on positives, −log(1 − P) on negatives; one-box sides in closed "
-                     "form, intersections by quadrature with the hazard backward")
-            for name in ("normal", "logistic")]
+                note="−log P on positives, −log(1 − P) on negatives; " + notes[name])
+            for name in notes]
 
 
 def run(quick: bool = False) -> list[dict]:
@@ -110,31 +137,46 @@ def run(quick: bool = False) -> list[dict]:
         size = f"{n} pairs, d={d}, float64, scale {BETA}"
         noises = {"gumbel (closed form)": Gumbel(BETA),
                   "gumbel (quadrature)": _QuadratureGumbel(BETA),
-                  "normal": Normal(BETA), "logistic": Logistic(BETA)}
-        times = time_interleaved({k: _step(v, tensors) for k, v in noises.items()},
-                                 repeat=repeat)
+                  "normal": Normal(BETA), "logistic": Logistic(BETA),
+                  "logistic (quadrature)": Logistic(BETA)}
+        steps = {k: _step(v, tensors) for k, v in noises.items()}
+        steps["logistic (quadrature)"] = _before(steps["logistic (quadrature)"])
+        times = time_interleaved(steps, repeat=repeat)
         with torch.no_grad():
             a, b = Box(tensors[0], tensors[1]), Box(tensors[2], tensors[3])
             closed = expected_volume(a, b, noise=Gumbel(BETA), log=True)
             quad = expected_volume(a, b, noise=_QuadratureGumbel(BETA), log=True)
             err = float(((quad - closed).abs() / closed.abs().clamp_min(1.0)).max())
         ref = times["gumbel (closed form)"]
-        for name in ("gumbel (quadrature)", "normal", "logistic"):
-            ops = count_ops(_step(noises[name], tensors)) if n == (64 if quick else 256) \
-                else None
+        for name in ("gumbel (quadrature)", "normal", "logistic", "logistic (quadrature)"):
+            ops = count_ops(steps[name]) if n == (64 if quick else 256) else None
             note = (f"largest relative error of the log volume against the closed form "
                     f"{err:.1e}" if name == "gumbel (quadrature)" else
+                    "closed form of the two-box side (perturb/boxes/_logistic_sides.py)"
+                    if name == "logistic" else
                     "quadrature: 1–2 locating passes (4 panels × order 8) + 1 pass of ≥4 "
                     "panels (twice the noise's width) × order 16 per side")
             rows.append(row(f"log E[vol(a ∩ b)] fwd+bwd, {name} noise ({size})", times[name],
                             "Gumbel closed form (same run)", ref, ops=ops, note=note))
         loss = time_interleaved({
             "normal": _step(Normal(BETA), tensors, log1m_containment_prob),
+            "logistic": _step(Logistic(BETA), tensors, log1m_containment_prob),
+            "logistic (quadrature)": _before(_step(Logistic(BETA), tensors,
+                                                   log1m_containment_prob)),
             "gumbel": _step(Gumbel(BETA), tensors, log1m_containment_prob)}, repeat=repeat)
         rows.append(row(f"log(1 − P(b ⊆ a)) fwd+bwd, normal noise ({size})", loss["normal"],
                         "Gumbel noise, closed form (same run)", loss["gumbel"],
                         note="the negative-pair loss: direct log-space integral of what b "
                              "loses, on each half of b, plus both volumes"))
+        rows.append(row(f"log(1 − P(b ⊆ a)) fwd+bwd, logistic noise ({size})",
+                        loss["logistic"], "Gumbel noise, closed form (same run)",
+                        loss["gumbel"],
+                        note="the negative-pair loss: closed forms of both volumes and of what "
+                             "b loses (T_1 + T_2 − T_3, perturb/boxes/_logistic_sides.py)"))
+        rows.append(row(f"log(1 − P(b ⊆ a)) fwd+bwd, logistic (quadrature) noise ({size})",
+                        loss["logistic (quadrature)"], "Gumbel noise, closed form (same run)",
+                        loss["gumbel"], note="the path before the closed form: intersections "
+                                             "and the loss of nested pairs by quadrature"))
     return rows
 
 

@@ -31,6 +31,9 @@ Evaluation, per coordinate, with :math:`g = \min_j u_j − \max_j l_j` (the hard
   is integrated piece by piece between them: Gauss–Legendre per piece, exact for Uniform
   (``perturb/boxes/_bounded_sides.py``), and the closed form of a piecewise-exponential
   integrand (``perturb/boxes/_negexp_sides.py``); also the lost side of nested pairs.
+- **Two boxes under Logistic noise** (the intersections of pair scores): the closed form of
+  ``perturb/boxes/_logistic_sides.py`` (partial fractions of the product of four sigmoids;
+  5e-15 relative against mpmath), and the loss of nested pairs in ``log(1 − P)`` likewise.
 - **Other sides**: the integral above in log space (a log-sum-exp of log weights plus
   :math:`\sum_j \log F`), composite Gauss–Legendre in float64 over
   :math:`[\min(L, U) + l_N, \max(L, U) − l_N]` (:math:`L = \max_j l_j`, :math:`U = \min_j u_j`,
@@ -50,8 +53,9 @@ forms and the wide sides are autograd through a few elementwise ops.
 Cost (bench/bench_perturbed_boxes.py, training-step row): the quadrature of a two-box side
 evaluates ``log F`` at 4 × (32 to 64 + 16·panels) nodes, about 100–130 for Normal and
 200–250 for Logistic noise at scale 0.1 and the widths of unit-cube boxes; that, not the
-closed forms, is what a training step with Normal or Logistic boxes costs over the Gumbel
-closed form.
+closed forms, is what a training step with Normal boxes costs over the Gumbel closed form.
+Logistic pair scores take the two-box closed form (a training step about 20–30× faster than
+by quadrature, a few times the Gumbel one); three or more Logistic boxes the quadrature.
 """
 from __future__ import annotations
 
@@ -65,6 +69,7 @@ from perturb._math import log1mexp
 from perturb._validation import reads_stall
 from perturb.boxes import _bounded_sides, _negexp_sides
 from perturb.boxes._bessel import _any
+from perturb.boxes._logistic_sides import logistic_log_loss, logistic_log_side2
 from perturb.boxes._noise_sides import side_closed_form
 from perturb.boxes._side_integral import _log_cdf, log_side
 from perturb.boxes.box import Box, _broadcast_all, _width
@@ -103,6 +108,9 @@ _RESOLVED = 8
 # with order 24 9.2e-15 for Logistic). Two thirds of the nodes of the declared width with
 # order 12 (tests/boxes/test_expected_volumes.py).
 _SIDE_RULE: dict[type, tuple[float, int]] = {Normal: (2.0, 16), Logistic: (2.0, 16)}
+# Logistic pairs in closed form (perturb/boxes/_logistic_sides.py); False restores the
+# quadrature they took before, for bench/bench_perturbed_boxes.py's before/after rows
+_LOGISTIC_PAIRS_CLOSED = True
 
 def check_box_noise(noise: object, name: str = "noise") -> None:
     """ValueError unless ``noise`` is None or a continuous noise with a CDF and a density on
@@ -156,6 +164,8 @@ def _log_sides(lo: torch.Tensor, up: torch.Tensor, noise: Noise) -> torch.Tensor
     if piecewise is not None:       # bounded or NegativeExponential noise: exact pieces
         return piecewise.log_sides(lo, up, noise)
     m = lo.shape[0]
+    if m == 2 and type(noise) is Logistic and _LOGISTIC_PAIRS_CLOSED:     # closed form
+        return logistic_log_side2(lo, up, float(noise.scale))
     closed = side_closed_form(noise) if m == 1 else None
     if closed is not None:          # one box under Normal or Logistic noise: elementary
         return closed(up[0] - lo[0])
@@ -275,21 +285,18 @@ def _log1m_near(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
     With :math:`r = δ / s_b`, :math:`\log(s_{ab}/s_b) = \log(1 − r)` is ``log1mexp(log r)``
     for r <= 1/2 and :math:`\log s_{ab} − \log s_b` above; the result is
     :math:`\log(1 − \prod_i (1 − r_i)) = \log \sum_i r_i \prod_{j<i} (1 − r_j)`, a log-sum-exp
-    of positive terms (no cancellation when every :math:`r_i` is tiny).
+    of positive terms (no cancellation when every :math:`r_i` is tiny). Under Logistic noise
+    (the class itself) δ is the closed form
+    :func:`~perturb.boxes._logistic_sides.logistic_log_loss` instead of the integral.
     """
     piecewise = _piecewise(noise)
     if piecewise is not None:
         log_delta = piecewise.log_lost_side(lo_a, up_a, lo_b, up_b, noise)
+    elif type(noise) is Logistic and _LOGISTIC_PAIRS_CLOSED:   # closed form of the loss
+        log_delta = logistic_log_loss(lo_a, up_a, lo_b, up_b, float(noise.scale))
     else:
         log_delta = _log_lost_side(lo_a, up_a, lo_b, up_b, noise)
-    log_r = (log_delta - log_b).clamp(max=0.0)
-    small = log_r < -_LOG2
-    log_keep = torch.where(small, log1mexp(torch.where(small, log_r, -1.0)),
-                           (log_ab - log_b).clamp(max=0.0))
-    # 1 − Π_i (1 − r_i) = Σ_i r_i Π_{j<i} (1 − r_j): a sum of positive terms, so tiny r_i
-    # (b deep inside a, where log1mexp(Σ_i log(1 − r_i)) rounds to log 0) keep their digits
-    before = torch.cumsum(log_keep, -1) - log_keep
-    return torch.logsumexp(log_r + before, -1).clamp(max=0.0)
+    return _log1m_from_loss(log_delta, log_b, log_ab)
 
 
 def _log_lost_side(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
@@ -313,6 +320,20 @@ def _log_lost_side(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
 
     return torch.logaddexp(_log_integral(log_loss, start, mid, width, order),
                            _log_integral(log_loss, mid, stop, width, order))
+
+
+def _log1m_from_loss(log_delta: torch.Tensor, log_b: torch.Tensor, log_ab: torch.Tensor
+                     ) -> torch.Tensor:
+    """``log(1 − P)`` of :func:`_log1m_near` from the log losses ``log_delta`` of b's sides
+    and the log sides ``log_b``, ``log_ab`` ``(*batch, d)``."""
+    log_r = (log_delta - log_b).clamp(max=0.0)
+    small = log_r < -_LOG2
+    log_keep = torch.where(small, log1mexp(torch.where(small, log_r, -1.0)),
+                           (log_ab - log_b).clamp(max=0.0))
+    # 1 − Π_i (1 − r_i) = Σ_i r_i Π_{j<i} (1 − r_j): a sum of positive terms, so tiny r_i
+    # (b deep inside a, where log1mexp(Σ_i log(1 − r_i)) rounds to log 0) keep their digits
+    before = torch.cumsum(log_keep, -1) - log_keep
+    return torch.logsumexp(log_r + before, -1).clamp(max=0.0)
 
 
 def _zoom(x: torch.Tensor, log_g: torch.Tensor, a: torch.Tensor, b: torch.Tensor
@@ -393,11 +414,12 @@ def expected_volume(*boxes: Box, noise: Noise | None = None, log: bool = False) 
     gives the Gumbel boxes of Dasgupta et al.: the result equals
     ``volume(intersection(*boxes, beta=β), beta=β)`` (closed form, the fast path); Normal,
     Logistic and user noises are integrated by quadrature (float64, relative error ~1e-12 on
-    the log volume; one box under Normal or Logistic noise in closed form); noise of bounded
-    support (``Uniform``, or a user noise with ``bounded = True``) piece by piece between the
-    kinks of its CDF (exact for Uniform, whose boxes can be disjoint with volume exactly 0)
-    and ``NegativeExponential`` in closed form; ``noise=None`` is the zero-noise limit, the
-    hard volume. The softplus ("soft") volume of Li et al.
+    the log volume; one box under Normal or Logistic noise and two boxes under Logistic noise
+    in closed form, the latter within 5e-15 relative of mpmath); noise of bounded support
+    (``Uniform``, or a user noise with ``bounded = True``) piece by piece between the kinks
+    of its CDF (exact for Uniform, whose boxes can be disjoint with volume exactly 0) and
+    ``NegativeExponential`` in closed form; ``noise=None`` is the zero-noise limit, the hard
+    volume. The softplus ("soft") volume of Li et al.
     smooths the hard volume and is no noise's expectation: it is :func:`perturb.boxes.volume`
     with ``temperature=``.
 

@@ -477,7 +477,8 @@ def test_sides_of_two_boxes_match_a_finer_rule(cls, monkeypatch):
     Normal/Logistic) against a rule 4× finer than the noise's layout, of order 24, with two
     fine locating passes: random
     pairs and sides inverted by 3 to 600 scales (20 for Gumbel), log sides within 2e-15
-    relative."""
+    relative; for Logistic noise the quadrature (the closed form of pairs switched off) and
+    the two-box closed form both."""
     import perturb.boxes.expected_volumes as ev
     g = torch.Generator().manual_seed(2)
     lo = torch.rand(2, 300, generator=g, dtype=F64)
@@ -489,6 +490,8 @@ def test_sides_of_two_boxes_match_a_finer_rule(cls, monkeypatch):
     k = len(depth)
     lo = torch.cat([lo, torch.stack([torch.zeros(k, dtype=F64), 1.0 + depth])], 1)
     up = torch.cat([up, torch.stack([torch.ones(k, dtype=F64), 2.0 + depth])], 1)
+    closed = ev._log_sides(lo, up, cls(0.1))    # Logistic: the two-box closed form
+    monkeypatch.setattr(ev, "_LOGISTIC_PAIRS_CLOSED", False)    # the quadrature's rule
     got = ev._log_sides(lo, up, cls(0.1))
 
     class Fine(cls):
@@ -505,6 +508,7 @@ def test_sides_of_two_boxes_match_a_finer_rule(cls, monkeypatch):
                         want(*args))
     ref = ev._log_sides(lo, up, Fine(0.1))
     assert float(((got - ref).abs() / ref.abs().clamp_min(1.0)).max()) < 2e-15
+    assert float(((closed - ref).abs() / ref.abs().clamp_min(1.0)).max()) < 2e-15
 
 
 # ------------------------------------------------------------------------------ bounded noise

@@ -55,8 +55,9 @@ class BoxHierarchyModel(nn.Module):
     ``−ε'``): ``noise=Gumbel(scale=β)`` (Gumbel intersection with scale β, expected volumes with
     scale ``volume_beta``, None: β; the closed forms), any other noise on the line
     (``Normal(σ)``, ``Logistic(s)``: containment the ratio of expected volumes,
-    :func:`~perturb.boxes.expected_volume`, by quadrature, about 10–100× the cost of the Gumbel
-    closed form, bench/RESULTS.md), or ``noise=None``: hard boxes, or soft boxes (hard
+    :func:`~perturb.boxes.expected_volume`: by quadrature for Normal noise, about 10–100× the
+    cost of the Gumbel closed form; in closed form for Logistic noise, a few times it;
+    bench/RESULTS.md), or ``noise=None``: hard boxes, or soft boxes (hard
     intersection, softplus volumes: a smoothing, not a noise) with ``temperature``.
 
     Args:
