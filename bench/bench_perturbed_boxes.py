@@ -15,8 +15,9 @@ side (panels × order, last pass).
 
 Training step: 256 positive pairs (b a random sub-box of a, −log P(b ⊆ a)) and 2560 negative
 pairs (random boxes, sides 0.1–0.5 in the unit cube, −log(1 − P)), d = 10, float32 corners
-(the hierarchy trainer's dtype), forward and backward, Normal, Logistic and before-the-closed-form
-Logistic noise against the Gumbel closed form (same run, interleaved, one thread).
+(the hierarchy trainer's dtype), forward and backward, Normal, Logistic, before-the-closed-form
+Logistic, Uniform(−β, β) and NegativeExponential(β) noise against the Gumbel closed form (same
+run, interleaved, one thread).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import torch
 from bench._timing import count_ops, device, row, time_interleaved
 from perturb.boxes import Box, expected_volume, log1m_containment_prob, log_containment_prob
 from perturb.boxes import expected_volumes as ev
-from perturb.noise import Gumbel, Logistic, Normal
+from perturb.noise import Gumbel, Logistic, NegativeExponential, Normal, Uniform
 
 BETA = 0.1
 
@@ -108,7 +109,8 @@ def _training_rows(quick: bool) -> list[dict]:
         n_pos = 64 if quick else 256
         tensors = _training_data(n_pos, 10, 10)
         noises = {"gumbel": Gumbel(BETA), "normal": Normal(BETA), "logistic": Logistic(BETA),
-                  "logistic (quadrature)": Logistic(BETA)}
+                  "logistic (quadrature)": Logistic(BETA), "uniform": Uniform(-BETA, BETA),
+                  "negative exponential": NegativeExponential(BETA)}
         steps = {k: _training_step(v, tensors) for k, v in noises.items()}
         steps["logistic (quadrature)"] = _before(steps["logistic (quadrature)"])
         times = time_interleaved(steps,
@@ -121,7 +123,11 @@ def _training_rows(quick: bool) -> list[dict]:
              "logistic": "every side and the loss of nested negatives in closed form "
                          "(perturb/boxes/_logistic_sides.py)",
              "logistic (quadrature)": "the path before the two-box closed form: intersections "
-                                      "and the loss of nested negatives by quadrature"}
+                                      "and the loss of nested negatives by quadrature",
+             "uniform": "Uniform(−β, β): Gauss–Legendre on the pieces between the kinks "
+                        "(exact; perturb/boxes/_bounded_sides.py)",
+             "negative exponential": "closed form of the piecewise-exponential integrand "
+                                     "(perturb/boxes/_negexp_sides.py)"}
     return [row(f"training step fwd+bwd, {name} noise ({size})", times[name],
                 "Gumbel closed form (same run)", times["gumbel"],
                 note="−log P on positives, −log(1 − P) on negatives; " + notes[name])

@@ -36,7 +36,7 @@ import math
 
 import torch
 
-from perturb.noise import Noise
+from perturb.noise import Noise, Uniform
 from perturb.noise._quadrature import gl_pieces
 
 
@@ -57,17 +57,13 @@ def _cdf(noise: Noise, z: torch.Tensor, survival: bool = False) -> torch.Tensor:
     exactly 0 or 1 outside the support; the noise is only called inside it (elsewhere on the
     support's midpoint), so its formulas never see, and never differentiate, an outside value."""
     low, high = (float(e) for e in noise.support)
+    if type(noise) is Uniform:      # linear on the support: exact and safe as it stands
+        return ((high - z) if survival else (z - low)).div_(high - low).clamp_(0.0, 1.0)
     inside = (z > low) & (z < high)
     zs = torch.where(inside, z, torch.full_like(z, 0.5 * (low + high)))
     value = torch.exp(noise.log_sf(zs)) if survival else noise.cdf(zs)
     outside = (z <= low) if survival else (z >= high)
     return torch.where(inside, value, outside.to(z.dtype))
-
-
-def _masked_log(v: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """``log v`` where ``keep`` (and ``v > 0``), ``−inf`` elsewhere, with zero gradients there."""
-    keep = keep & (v > 0)
-    return torch.where(keep, torch.log(torch.where(keep, v, torch.ones_like(v))), -math.inf)
 
 
 def _pieces(kinks: torch.Tensor, left: torch.Tensor, right: torch.Tensor, order: int
@@ -88,21 +84,23 @@ def _kinks(lo: torch.Tensor, up: torch.Tensor, offsets: torch.Tensor) -> torch.T
     return torch.cat([k_lo, k_up], -1)
 
 
-def _log_g(lo: torch.Tensor, up: torch.Tensor, noise: Noise, x: torch.Tensor,
-           keep: torch.Tensor) -> torch.Tensor:
-    """``Σ_j log F(x − l_j) + Σ_j log F(u_j − x)`` at the nodes ``x`` ``(*batch, d, K)`` where
-    ``keep`` (−inf elsewhere, zero gradients there)."""
-    f_lo = _cdf(noise, x.unsqueeze(0) - lo.unsqueeze(-1)).prod(0)
-    f_up = _cdf(noise, up.unsqueeze(-1) - x.unsqueeze(0)).prod(0)
-    return _masked_log(f_lo, keep) + _masked_log(f_up, keep)
+def _factors(lo: torch.Tensor, up: torch.Tensor, noise: Noise, x: torch.Tensor
+             ) -> torch.Tensor:
+    """``F(x − l_j)`` and ``F(u_j − x)`` ``(2m, *batch, d, K)`` at the nodes ``x``."""
+    return _cdf(noise, torch.cat([x.unsqueeze(0) - lo.unsqueeze(-1),
+                                  up.unsqueeze(-1) - x.unsqueeze(0)]))
 
 
-def _log_sum(log_w: torch.Tensor, log_g: torch.Tensor) -> torch.Tensor:
-    """``log Σ_k w_k g_k`` over the last dim; ``−inf`` (zero gradient) where every term is 0."""
-    terms = log_w + log_g
-    empty = torch.isneginf(terms).all(-1, keepdim=True)
-    safe = torch.where(empty, torch.zeros_like(terms), terms)
-    return torch.where(empty.squeeze(-1), -math.inf, torch.logsumexp(safe, -1))
+def _log_rule(factors: torch.Tensor, w: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``log Σ_k w_k Π_i factors_ik`` over the nodes ``keep`` (last dim), where every factor
+    and weight is positive; the other nodes add nothing, and a side without any is ``−inf``.
+    Logs are taken of values clamped to the smallest normal float (a clamped value passes no
+    gradient: no ``0·inf`` in the backward), then the dropped nodes are masked."""
+    tiny = torch.finfo(factors.dtype).tiny
+    logs = torch.log(factors.clamp_min(tiny)).sum(0) + torch.log(w.clamp_min(tiny))
+    some = keep.any(-1, keepdim=True)
+    terms = torch.where(keep, logs, torch.where(some, -math.inf, 0.0))
+    return torch.where(some.squeeze(-1), torch.logsumexp(terms, -1), -math.inf)
 
 
 def log_sides(lo: torch.Tensor, up: torch.Tensor, noise: Noise) -> torch.Tensor:
@@ -113,9 +111,9 @@ def log_sides(lo: torch.Tensor, up: torch.Tensor, noise: Noise) -> torch.Tensor:
     offsets = torch.tensor(_offsets(noise), dtype=lo.dtype, device=lo.device)
     left, right = lo.amax(0) + low, up.amin(0) - low
     x, w = _pieces(_kinks(lo, up, offsets), left, right, int(noise.quadrature_layout(2 * m).order))
-    keep = w > 0
-    log_w = _masked_log(w, keep)
-    return _log_sum(log_w, _log_g(lo, up, noise, x, keep))
+    # the nodes of pieces of positive width lie inside (max_j l_j + a, min_j u_j − a), where
+    # every factor is positive
+    return _log_rule(_factors(lo, up, noise, x), w, w > 0)
 
 
 def log_lost_side(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
@@ -129,6 +127,6 @@ def log_lost_side(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
     below, above = x - lo_a.unsqueeze(-1), up_a.unsqueeze(-1) - x
     # 1 − F(x − l_a) F(u_a − x) = S(x − l_a) + F(x − l_a) S(u_a − x), every term >= 0
     lost = _cdf(noise, below, True) + _cdf(noise, below) * _cdf(noise, above, True)
-    keep = w > 0
-    log_g = _log_g(lo_b.unsqueeze(0), up_b.unsqueeze(0), noise, x, keep)
-    return _log_sum(_masked_log(w, keep), log_g + _masked_log(lost, keep))
+    factors = torch.cat([_factors(lo_b.unsqueeze(0), up_b.unsqueeze(0), noise, x),
+                         lost.unsqueeze(0)])
+    return _log_rule(factors, w, (w > 0) & (lost > 0))
