@@ -20,15 +20,12 @@ differentiable (a second derivative raises).
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from perturb.noise import Logistic, Noise, Normal
-
-_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+from perturb.noise import Noise
 
 
 def _differences(lo: torch.Tensor, up: torch.Tensor, x: torch.Tensor
@@ -51,27 +48,16 @@ def _log_side_backward(grad: torch.Tensor, log_p: torch.Tensor, z_lo: torch.Tens
 def _hazard_sum(noise: Noise, z: torch.Tensor, log_cdf: torch.Tensor, log_p: torch.Tensor
                 ) -> torch.Tensor:
     """``Σ_k p_k f(z_k)/F(z_k)`` over the last dim, given ``log F(z)`` and ``log p``, as one
-    exponential per term (in place on the first fresh tensor). Logistic: ``f/F = (1 − F)/s`` from
-    ``log_sf`` (its ``log_prob`` drops ``log1p(e^z)`` below z = −20 with softplus' threshold:
-    4e−9 relative there); others: ``log f − log F``."""
-    if type(noise) is Logistic:     # log S(z) = log σ(−z/s), in place on the fresh z
-        t = torch.nn.functional.logsigmoid(z.div_(-float(noise.scale)))
-        return t.add_(log_p).exp_().sum(-1).div_(noise.scale)
-    if type(noise) is Normal:       # log φ(z/σ) in place on the fresh z: fewer passes
-        s = float(noise.scale)
-        t = z.div_(s).square_().mul_(-0.5).sub_(log_cdf).add_(log_p).exp_()
-        return t.sum(-1).mul_(math.exp(-_LOG_SQRT_2PI) / s)
-    return (noise.log_prob(z) - log_cdf).add_(log_p).exp_().sum(-1)
+    exponential per term, in place on the fresh ``z`` (the noise's
+    :meth:`~perturb.noise.Noise._log_hazard_`)."""
+    return noise._log_hazard_(z, log_cdf).add_(log_p).exp_().sum(-1)
 
 
 def _log_cdf(noise: Noise, z: torch.Tensor) -> torch.Tensor:
-    """``noise.log_cdf(z)``; Normal and Logistic (exactly those classes) standardise the
-    fresh ``z`` in place, saving a temporary of the node terms' size."""
-    if type(noise) is Normal:
-        return torch.special.log_ndtr(z.div_(float(noise.scale)))
-    if type(noise) is Logistic:
-        return torch.nn.functional.logsigmoid(z.div_(float(noise.scale)))
-    return noise.log_cdf(z)
+    """``log F(z)`` of the fresh node differences ``z``, which the noise may overwrite
+    (:meth:`~perturb.noise.Noise._log_cdf_`: Normal and Logistic standardise in place, Normal
+    through ``erfc``, to the absolute accuracy a sum of log terms needs)."""
+    return noise._log_cdf_(z)
 
 
 class _LogSide(torch.autograd.Function):
