@@ -70,11 +70,13 @@ class _LogSide(torch.autograd.Function):
                 noise: Noise) -> tuple[torch.Tensor, ...]:
         z_lo, z_up = _differences(lo, up, x)
         log_cdf_lo, log_cdf_up = _log_cdf(noise, z_lo), _log_cdf(noise, z_up)
-        terms = log_w + log_cdf_lo.sum(0) + log_cdf_up.sum(0)
+        terms = log_w + log_cdf_lo[0]
+        for factor in (*log_cdf_lo[1:], *log_cdf_up):      # in place: no sums' temporaries
+            terms.add_(factor)
         out = torch.logsumexp(terms, -1)
         # the node terms go out as outputs (not differentiable) so that the backward reuses
         # them: the normalised weights and the log F of every factor
-        return out, terms - out.unsqueeze(-1), log_cdf_lo, log_cdf_up
+        return out, terms.sub_(out.unsqueeze(-1)), log_cdf_lo, log_cdf_up
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:

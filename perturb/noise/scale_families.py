@@ -254,17 +254,19 @@ class Normal(_ScaleNoise):
         if reads_stall(z) or z.requires_grad:
             return torch.special.log_ndtr(z.div_(self.scale))
         t = z.mul_(-1.0 / (self.scale * _SQRT2))
-        deep = t > _ERFC_DEEP if t.numel() and float(t.max()) > _ERFC_DEEP else None
-        far = None if deep is None else torch.special.log_ndtr(t[deep].mul_(-_SQRT2))
+        if not (t.numel() and float(t.max()) > _ERFC_DEEP):
+            return t.erfc_().log_().sub_(_LOG2)
+        deep = t > _ERFC_DEEP
+        far = torch.special.log_ndtr(t[deep].mul_(-_SQRT2))
         out = t.clamp_(max=_ERFC_DEEP).erfc_().log_().sub_(_LOG2)
-        if deep is not None:
-            out[deep] = far
+        out[deep] = far
         return out
 
     def _log_hazard_(self, z: torch.Tensor, log_cdf: torch.Tensor) -> torch.Tensor:
-        # log φ(z/σ) − log σ − log F, in place on the fresh z: fewer passes
-        return z.div_(self.scale).square_().mul_(-0.5).sub_(log_cdf).sub_(
-            math.log(self.scale) + _LOG_SQRT_2PI)
+        # log φ(z/σ) − log σ − log F = −(log F + z²/(2σ²) + log σ√(2π)), in place on the
+        # fresh z (three passes)
+        return torch.addcmul(log_cdf, z, z, value=0.5 / self.scale ** 2, out=z).add_(
+            math.log(self.scale) + _LOG_SQRT_2PI).neg_()
 
     @property
     def mean(self) -> float:
