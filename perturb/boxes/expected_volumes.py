@@ -30,9 +30,11 @@ Evaluation, per coordinate, with :math:`g = \min_j u_j − \max_j l_j` (the hard
   :math:`\sum_j \log F`), composite Gauss–Legendre in float64 over
   :math:`[\min(L, U) + l_N, \max(L, U) − l_N]` (:math:`L = \max_j l_j`, :math:`U = \min_j u_j`,
   :math:`l_N` the noise's lower 1e-14 quantile, all placed on the detached corners), narrowed
-  onto the peak by one or two coarse locating passes (``_zoom``), then panels of the
-  noise's width (:meth:`perturb.noise.Noise.quadrature_layout`; twice that with order 16
-  for Normal and Logistic), at most 256 of them. Log space keeps the relative accuracy of
+  onto the peak by one or two coarse locating passes (``_zoom``; under Normal noise on the
+  inverted sides only, :func:`_locate_inverted`), then panels of the noise's width
+  (:meth:`perturb.noise.Noise.quadrature_layout`; twice that with order 16 for Logistic,
+  3.75 times with order 24 for Normal), at most 256 of them. Log space keeps the relative
+  accuracy of
   the tiny sides of inverted boxes; a side inverted by more than 256 panel widths (about 600
   scales for Normal noise, where the log side is below −9·10⁴) is integrated with wider
   panels and loses it (values and gradients stay finite).
@@ -43,10 +45,14 @@ integrals do not depend on where it sits), so they are exact to the same toleran
 forms and the wide sides are autograd through a few elementwise ops.
 
 Cost (bench/bench_perturbed_boxes.py, training-step row): the quadrature of a two-box side
-evaluates ``log F`` at 4 × (32 to 64 + 16·panels) nodes, about 100–130 for Normal and
-200–250 for Logistic noise at scale 0.1 and the widths of unit-cube boxes; that, not the
-closed forms, is what a training step with Normal or Logistic boxes costs over the Gumbel
-closed form.
+evaluates ``log F`` at 4 × K nodes: for Normal noise at scale 0.1 and the widths of unit-cube
+boxes K = 72 (3 panels of order 24) on the sides that are not inverted and 32 + 72 on the
+inverted ones, ``log Φ`` from ``erfc`` (:meth:`perturb.noise.Noise._log_cdf_`, half the cost
+of ``log_ndtr``) and the last pass in cache-sized blocks on the CPU; for Logistic noise
+200–250. That, not the closed forms, is what a training step with Normal or Logistic boxes
+costs over the Gumbel closed form: about 0.25 s for Normal (2.2× faster than the 0.55 s
+before these three changes, same run) against 5 ms for Gumbel boxes on the 2-core bench
+machine (bench/results/perturbed_boxes.md).
 """
 from __future__ import annotations
 
@@ -95,14 +101,14 @@ _RESOLVED = 8
 # (Normal) and 6.2e-16 (Logistic) relative of a 4× finer order-24 rule (the declared rule:
 # 8.0e-16 and 6.1e-16 with order 12; twice the width with order 12 loses digits, four times
 # with order 24 9.2e-15 for Logistic). Two thirds of the nodes of the declared width with
-# order 12 (tests/boxes/test_expected_volumes.py). Normal, whose last pass may have a single
-# panel (no locating pass on the sides that are not inverted, :func:`_locate_inverted`):
-# panels of 3.75 widths (8.1 scales), order 24, within 1.1e-15 of the 4× finer rule on those
-# pairs, inverted sides to 600 scales and coincident corners (3.5 widths with order 22:
-# 8e-15; 4.75 with order 32: 2.2e-15): 72 nodes for the sides of unit-cube boxes at scale
-# 0.1 (20 scales with the tails), where twice the width with order 16 took 80 and a locating
-# pass of 32 more.
+# order 12 (tests/boxes/test_expected_volumes.py). Normal (no locating pass where not
+# inverted, :func:`_locate_inverted`): 3.75 widths, order 24, at least 3 panels, within
+# 1.1e-15 of the 4× finer rule on those pairs and coincident corners (3.5 widths with order
+# 22: 8e-15; 4.75 with 32: 2.2e-15), 9e-16 of mpmath on sides alone.
 _SIDE_RULE: dict[type, tuple[float, int]] = {Normal: (3.75, 24), Logistic: (2.0, 16)}
+# The least panels of a last pass without locating passes (Normal): with 1 or 2, a side
+# alone (no wider side setting the batch's panels) loses digits (5e-14 relative); 3: 1e-15
+_LEAST_PANELS = 3
 
 def check_box_noise(noise: object, name: str = "noise") -> None:
     """ValueError unless ``noise`` is None or a continuous noise with a CDF and a density on
@@ -183,11 +189,10 @@ def _locate_inverted(lo: torch.Tensor, up: torch.Tensor, noise: Noise, a: torch.
     A side that is not inverted (``min u ≥ max l``) has no narrow peak: its integrand rises
     over the noise's width at the lower corners and falls at the upper ones, so [a, b] (the
     noise's 1e-14 range about them) is already where it lives and a locating pass would keep
-    nearly all of it (measured: the log sides agree to 4e-16 with and without). Inverted
-    sides peak between the ends, narrower the deeper they are inverted (a Gaussian of width
-    σ/2 with four binding corners): those are located first, on their rows only (one host
-    read; on CUDA and under tracing every side, as before). Not for Logistic noise: its last
-    pass loses digits (6e-13) on the unlocated range of its exponential tails."""
+    nearly all of it (the log sides agree to 4e-16 with and without). Inverted sides peak
+    between the ends, narrower the deeper they are inverted: those are located, on their rows
+    only (one host read; on CUDA and under tracing every side). Not for Logistic noise: its
+    last pass loses digits (6e-13) on the unlocated range of its exponential tails."""
     if not _any(inverted.any()):
         return a, b
     ends = lo.detach(), up.detach()
@@ -238,7 +243,7 @@ def _log_integral(log_fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tenso
     if locate:
         a, b = _locate(log_fn, a, b, width, order, coarse)
     span = float((b - a).max()) if a.numel() else 0.0             # an empty batch: any grid
-    least = _ZOOM_PANELS if locate else 1
+    least = _ZOOM_PANELS if locate else _LEAST_PANELS
     x, w = _nodes(a, b, min(_MAX_PANELS, max(least, math.ceil(span / width))), order)
     if last is not None:
         return last(x, torch.log(w))
