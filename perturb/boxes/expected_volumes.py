@@ -199,7 +199,7 @@ def _locate_inverted(lo: torch.Tensor, up: torch.Tensor, noise: Noise, a: torch.
     if reads_stall(a):
         return _locate(lambda x: _log_g(*ends, noise, x), a, b, width, order, True)
     rows = inverted.nonzero(as_tuple=True)
-    lo_r, up_r = (e[(slice(None), *rows)] for e in ends)
+    lo_r, up_r = ends[0][:, inverted], ends[1][:, inverted]       # the rows' order (row-major)
     a_r, b_r = _locate(lambda x: _log_g(lo_r, up_r, noise, x), a[rows], b[rows], width, order,
                        True)
     return a.index_put(rows, a_r), b.index_put(rows, b_r)
