@@ -50,9 +50,9 @@ boxes K = 72 (3 panels of order 24) on the sides that are not inverted and 32 + 
 inverted ones, ``log Φ`` from ``erfc`` (:meth:`perturb.noise.Noise._log_cdf_`, half the cost
 of ``log_ndtr``) and the last pass in cache-sized blocks on the CPU; for Logistic noise
 200–250. That, not the closed forms, is what a training step with Normal or Logistic boxes
-costs over the Gumbel closed form: about 0.25 s for Normal (2.2× faster than the 0.55 s
-before these three changes, same run) against 5 ms for Gumbel boxes on the 2-core bench
-machine (bench/results/perturbed_boxes.md).
+costs over the Gumbel closed form: a median 0.26 s for Normal (2.3× faster than the 0.60 s
+of log_ndtr with a locating pass on every side, same interleaved runs on a loaded shared
+machine) against about 5 ms for Gumbel boxes (bench/results/perturbed_boxes.md).
 """
 from __future__ import annotations
 
