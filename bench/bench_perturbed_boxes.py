@@ -160,6 +160,9 @@ def run(quick: bool = False) -> list[dict]:
                     f"{err:.1e}" if name == "gumbel (quadrature)" else
                     "closed form of the two-box side (perturb/boxes/_logistic_sides.py)"
                     if name == "logistic" else
+                    "quadrature: a locating pass (4 panels × order 8) on the inverted sides "
+                    "only + 1 pass of ≥1 panel (3.75 noise widths) × order 24 per side, log F "
+                    "from erfc, in cache-sized blocks" if name == "normal" else
                     "quadrature: 1–2 locating passes (4 panels × order 8) + 1 pass of ≥4 "
                     "panels (twice the noise's width) × order 16 per side")
             rows.append(row(f"log E[vol(a ∩ b)] fwd+bwd, {name} noise ({size})", times[name],

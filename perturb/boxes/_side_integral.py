@@ -20,15 +20,17 @@ differentiable (a second derivative raises).
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from perturb.noise import Logistic, Noise, Normal
+from perturb.noise import Noise
 
-_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+# Node terms (m·K per side) per block of the CPU's last pass (:func:`log_side`): a block's
+# temporaries, about 0.6 MB each, fit the 1 MB per-core L2 of the bench machine; blocks of
+# 256 to 2048 sides (two boxes, 72 nodes) measured alike.
+_BLOCK = 1 << 16
 
 
 def _differences(lo: torch.Tensor, up: torch.Tensor, x: torch.Tensor
@@ -51,27 +53,16 @@ def _log_side_backward(grad: torch.Tensor, log_p: torch.Tensor, z_lo: torch.Tens
 def _hazard_sum(noise: Noise, z: torch.Tensor, log_cdf: torch.Tensor, log_p: torch.Tensor
                 ) -> torch.Tensor:
     """``Σ_k p_k f(z_k)/F(z_k)`` over the last dim, given ``log F(z)`` and ``log p``, as one
-    exponential per term (in place on the first fresh tensor). Logistic: ``f/F = (1 − F)/s`` from
-    ``log_sf`` (its ``log_prob`` drops ``log1p(e^z)`` below z = −20 with softplus' threshold:
-    4e−9 relative there); others: ``log f − log F``."""
-    if type(noise) is Logistic:     # log S(z) = log σ(−z/s), in place on the fresh z
-        t = torch.nn.functional.logsigmoid(z.div_(-float(noise.scale)))
-        return t.add_(log_p).exp_().sum(-1).div_(noise.scale)
-    if type(noise) is Normal:       # log φ(z/σ) in place on the fresh z: fewer passes
-        s = float(noise.scale)
-        t = z.div_(s).square_().mul_(-0.5).sub_(log_cdf).add_(log_p).exp_()
-        return t.sum(-1).mul_(math.exp(-_LOG_SQRT_2PI) / s)
-    return (noise.log_prob(z) - log_cdf).add_(log_p).exp_().sum(-1)
+    exponential per term, in place on the fresh ``z`` (the noise's
+    :meth:`~perturb.noise.Noise._log_hazard_`)."""
+    return noise._log_hazard_(z, log_cdf).add_(log_p).exp_().sum(-1)
 
 
 def _log_cdf(noise: Noise, z: torch.Tensor) -> torch.Tensor:
-    """``noise.log_cdf(z)``; Normal and Logistic (exactly those classes) standardise the
-    fresh ``z`` in place, saving a temporary of the node terms' size."""
-    if type(noise) is Normal:
-        return torch.special.log_ndtr(z.div_(float(noise.scale)))
-    if type(noise) is Logistic:
-        return torch.nn.functional.logsigmoid(z.div_(float(noise.scale)))
-    return noise.log_cdf(z)
+    """``log F(z)`` of the fresh node differences ``z``, which the noise may overwrite
+    (:meth:`~perturb.noise.Noise._log_cdf_`: Normal and Logistic standardise in place, Normal
+    through ``erfc``, to the absolute accuracy a sum of log terms needs)."""
+    return noise._log_cdf_(z)
 
 
 class _LogSide(torch.autograd.Function):
@@ -84,11 +75,13 @@ class _LogSide(torch.autograd.Function):
                 noise: Noise) -> tuple[torch.Tensor, ...]:
         z_lo, z_up = _differences(lo, up, x)
         log_cdf_lo, log_cdf_up = _log_cdf(noise, z_lo), _log_cdf(noise, z_up)
-        terms = log_w + log_cdf_lo.sum(0) + log_cdf_up.sum(0)
+        terms = log_w + log_cdf_lo[0]
+        for factor in (*log_cdf_lo[1:], *log_cdf_up):      # in place: no sums' temporaries
+            terms.add_(factor)
         out = torch.logsumexp(terms, -1)
         # the node terms go out as outputs (not differentiable) so that the backward reuses
         # them: the normalised weights and the log F of every factor
-        return out, terms - out.unsqueeze(-1), log_cdf_lo, log_cdf_up
+        return out, terms.sub_(out.unsqueeze(-1)), log_cdf_lo, log_cdf_up
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
@@ -113,5 +106,19 @@ class _LogSide(torch.autograd.Function):
 def log_side(lo: torch.Tensor, up: torch.Tensor, x: torch.Tensor, log_w: torch.Tensor,
              noise: Noise) -> torch.Tensor:
     """``log Σ_k w_k Π_j F(x_k − l_j) Π_j F(u_j − x_k)`` ``(*batch, d)`` for corners
-    ``(m, *batch, d)`` and nodes, log weights ``(*batch, d, K)`` (float64; module docstring)."""
-    return _LogSide.apply(lo, up, x.detach(), log_w.detach(), noise)[0]
+    ``(m, *batch, d)`` and nodes, log weights ``(*batch, d, K)`` (float64; module docstring).
+
+    On the CPU the sides go through in blocks of about ``_BLOCK`` node terms, so that each
+    block's temporaries (the ``m·K`` differences, their ``log F``, the hazards of the backward)
+    stay in the core's cache: a fifth to a third of the Normal training step
+    (bench/results/perturbed_boxes.md). One block elsewhere (and for small batches)."""
+    batch, (m, k) = x.shape[:-1], (lo.shape[0], x.shape[-1])
+    rows = x[..., 0].numel()
+    step = max(1, _BLOCK // (m * k)) if x.device.type == "cpu" else rows
+    if step >= rows:
+        return _LogSide.apply(lo, up, x.detach(), log_w.detach(), noise)[0]
+    lo, up = lo.reshape(m, rows), up.reshape(m, rows)
+    x, log_w = x.detach().reshape(rows, k), log_w.detach().reshape(rows, k)
+    return torch.cat([_LogSide.apply(lo[:, i:i + step], up[:, i:i + step], x[i:i + step],
+                                     log_w[i:i + step], noise)[0]
+                      for i in range(0, rows, step)]).view(batch)

@@ -38,9 +38,11 @@ Evaluation, per coordinate, with :math:`g = \min_j u_j − \max_j l_j` (the hard
   :math:`\sum_j \log F`), composite Gauss–Legendre in float64 over
   :math:`[\min(L, U) + l_N, \max(L, U) − l_N]` (:math:`L = \max_j l_j`, :math:`U = \min_j u_j`,
   :math:`l_N` the noise's lower 1e-14 quantile, all placed on the detached corners), narrowed
-  onto the peak by one or two coarse locating passes (``_zoom``), then panels of the
-  noise's width (:meth:`perturb.noise.Noise.quadrature_layout`; twice that with order 16
-  for Normal and Logistic), at most 256 of them. Log space keeps the relative accuracy of
+  onto the peak by one or two coarse locating passes (``_zoom``; under Normal noise on the
+  inverted sides only, :func:`_locate_inverted`), then panels of the noise's width
+  (:meth:`perturb.noise.Noise.quadrature_layout`; twice that with order 16 for Logistic,
+  3.75 times with order 24 for Normal), at most 256 of them. Log space keeps the relative
+  accuracy of
   the tiny sides of inverted boxes; a side inverted by more than 256 panel widths (about 600
   scales for Normal noise, where the log side is below −9·10⁴) is integrated with wider
   panels and loses it (values and gradients stay finite).
@@ -51,11 +53,16 @@ integrals do not depend on where it sits), so they are exact to the same toleran
 forms and the wide sides are autograd through a few elementwise ops.
 
 Cost (bench/bench_perturbed_boxes.py, training-step row): the quadrature of a two-box side
-evaluates ``log F`` at 4 × (32 to 64 + 16·panels) nodes, about 100–130 for Normal and
-200–250 for Logistic noise at scale 0.1 and the widths of unit-cube boxes; that, not the
-closed forms, is what a training step with Normal boxes costs over the Gumbel closed form.
-Logistic pair scores take the two-box closed form (a training step about 20–30× faster than
-by quadrature, a few times the Gumbel one); three or more Logistic boxes the quadrature.
+evaluates ``log F`` at 4 × K nodes: for Normal noise at scale 0.1 and the widths of unit-cube
+boxes K = 72 (3 panels of order 24) on the sides that are not inverted and 32 + 72 on the
+inverted ones, ``log Φ`` from ``erfc`` (:meth:`perturb.noise.Noise._log_cdf_`, half the cost
+of ``log_ndtr``) and the last pass in cache-sized blocks on the CPU. That, not the closed
+forms, is what a training step with Normal boxes costs over the Gumbel closed form: a median
+0.26 s (2.3× faster than the 0.60 s of log_ndtr with a locating pass on every side, same
+interleaved runs on a loaded shared machine) against about 5 ms for Gumbel boxes
+(bench/results/perturbed_boxes.md). Logistic pair scores take the two-box closed form (a
+training step 20–30× faster than by quadrature); three or more Logistic boxes the
+quadrature (200–250 nodes per side).
 """
 from __future__ import annotations
 
@@ -65,11 +72,10 @@ from typing import Any, Callable
 import torch
 
 from perturb._deprecation import warn_future
-from perturb._math import log1mexp
 from perturb._validation import reads_stall
 from perturb.boxes import _bounded_sides, _negexp_sides
 from perturb.boxes._bessel import _any
-from perturb.boxes._logistic_sides import logistic_log_loss, logistic_log_side2
+from perturb.boxes._logistic_sides import logistic_log_side2
 from perturb.boxes._noise_sides import side_closed_form
 from perturb.boxes._side_integral import _log_cdf, log_side
 from perturb.boxes.box import Box, _broadcast_all, _width
@@ -82,7 +88,6 @@ from perturb.noise._quadrature import gl_pieces
 __all__ = ["volume", "expected_volume"]
 
 _F64 = torch.float64
-_LOG2 = math.log(2.0)
 # Most panels of the log-space integral per side (see the module docstring).
 _MAX_PANELS = 256
 # Zoom passes onto the peak of the integrand, the log drop that bounds it, the least panels
@@ -106,8 +111,14 @@ _RESOLVED = 8
 # (Normal) and 6.2e-16 (Logistic) relative of a 4× finer order-24 rule (the declared rule:
 # 8.0e-16 and 6.1e-16 with order 12; twice the width with order 12 loses digits, four times
 # with order 24 9.2e-15 for Logistic). Two thirds of the nodes of the declared width with
-# order 12 (tests/boxes/test_expected_volumes.py).
-_SIDE_RULE: dict[type, tuple[float, int]] = {Normal: (2.0, 16), Logistic: (2.0, 16)}
+# order 12 (tests/boxes/test_expected_volumes.py). Normal (no locating pass where not
+# inverted, :func:`_locate_inverted`): 3.75 widths, order 24, at least 3 panels, within
+# 1.1e-15 of the 4× finer rule on those pairs and coincident corners (3.5 widths with order
+# 22: 8e-15; 4.75 with 32: 2.2e-15), 9e-16 of mpmath on sides alone.
+_SIDE_RULE: dict[type, tuple[float, int]] = {Normal: (3.75, 24), Logistic: (2.0, 16)}
+# The least panels of a last pass without locating passes (Normal): with 1 or 2, a side
+# alone (no wider side setting the batch's panels) loses digits (5e-14 relative); 3: 1e-15
+_LEAST_PANELS = 3
 # Logistic pairs in closed form (perturb/boxes/_logistic_sides.py); False restores the
 # quadrature they took before, for bench/bench_perturbed_boxes.py's before/after rows
 _LOGISTIC_PAIRS_CLOSED = True
@@ -187,23 +198,47 @@ def _log_sides(lo: torch.Tensor, up: torch.Tensor, noise: Noise) -> torch.Tensor
     b = torch.maximum(left, right) - low
     a, b = torch.where(wide, left, a), torch.where(wide, left + width, b)     # unused there
     stretch, order = _SIDE_RULE.get(type(noise), (1.0, int(layout.order)))
-    direct = _log_integral(lambda x: _log_g(lo, up, noise, x), a, b, stretch * width, order,
-                           coarse=True,
-                           last=lambda x, log_w: log_side(lo, up, x, log_w, noise))
+    log_fn = lambda x: _log_g(lo, up, noise, x)                              # noqa: E731
+    last = lambda x, log_w: log_side(lo, up, x, log_w, noise)                # noqa: E731
+    if type(noise) is not Normal:
+        direct = _log_integral(log_fn, a, b, stretch * width, order, coarse=True, last=last)
+    else:
+        a, b = _locate_inverted(lo, up, noise, a, b, ~wide & (right < left),
+                                stretch * width, order)
+        direct = _log_integral(log_fn, a, b, stretch * width, order, coarse=True, last=last,
+                               locate=False)
     return direct if bulk is None else torch.where(wide, bulk, direct)
 
 
-def _log_integral(log_fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor,
-                  b: torch.Tensor, width: float, order: int, coarse: bool = False,
-                  last: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-                  ) -> torch.Tensor:
-    """``log ∫_a^b exp(log_fn(x)) dx`` per element of ``a``/``b`` ``(*batch, d)``: composite
-    Gauss–Legendre on panels no wider than ``width`` (at most ``_MAX_PANELS``), after
-    ``_ZOOMS`` passes that narrow [a, b] onto the peak (:func:`_zoom`, without autograd;
-    ``coarse``: ``_ZOOM_PANELS`` panels each, for log-concave integrands, else panels no wider
-    than ``width``). ``log_fn`` maps nodes ``(*batch, d, K)`` to the log integrand there;
-    ``last``, if given, maps the last pass's nodes and log weights to the result (a fused
-    pass with its own backward, ``perturb/boxes/_side_integral.py``)."""
+def _locate_inverted(lo: torch.Tensor, up: torch.Tensor, noise: Noise, a: torch.Tensor,
+                     b: torch.Tensor, inverted: torch.Tensor, width: float, order: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[a, b] narrowed onto the peak (:func:`_locate`) on the ``inverted`` sides only
+    ``(*batch, d)``, the Normal rule of :func:`_log_sides`.
+
+    A side that is not inverted (``min u ≥ max l``) has no narrow peak: its integrand rises
+    over the noise's width at the lower corners and falls at the upper ones, so [a, b] (the
+    noise's 1e-14 range about them) is already where it lives and a locating pass would keep
+    nearly all of it (the log sides agree to 4e-16 with and without). Inverted sides peak
+    between the ends, narrower the deeper they are inverted: those are located, on their rows
+    only (one host read; on CUDA and under tracing every side). Not for Logistic noise: its
+    last pass loses digits (6e-13) on the unlocated range of its exponential tails."""
+    if not _any(inverted.any()):
+        return a, b
+    ends = lo.detach(), up.detach()
+    if reads_stall(a):
+        return _locate(lambda x: _log_g(*ends, noise, x), a, b, width, order, True)
+    rows = inverted.nonzero(as_tuple=True)
+    lo_r, up_r = ends[0][:, inverted], ends[1][:, inverted]       # the rows' order (row-major)
+    a_r, b_r = _locate(lambda x: _log_g(lo_r, up_r, noise, x), a[rows], b[rows], width, order,
+                       True)
+    return a.index_put(rows, a_r), b.index_put(rows, b_r)
+
+
+def _locate(log_fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor, b: torch.Tensor,
+            width: float, order: int, coarse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """[a, b] narrowed onto the peak of ``exp(log_fn)`` by ``_ZOOMS`` locating passes without
+    autograd (:func:`_log_integral`)."""
     def panels(a: torch.Tensor, b: torch.Tensor, least: int) -> int:
         span = float((b - a).max()) if a.numel() else 0.0         # an empty batch: any grid
         return min(_MAX_PANELS, max(least, math.ceil(span / width)))
@@ -220,7 +255,26 @@ def _log_integral(log_fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tenso
                 and float((x[..., -1] - x[..., 0]).max()) <= x.shape[-1] * width / 2
                 and int(kept.min()) >= _RESOLVED):
             break
-    x, w = _nodes(a, b, panels(a, b, _ZOOM_PANELS), order)
+    return a, b
+
+
+def _log_integral(log_fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor,
+                  b: torch.Tensor, width: float, order: int, coarse: bool = False,
+                  last: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                  locate: bool = True) -> torch.Tensor:
+    """``log ∫_a^b exp(log_fn(x)) dx`` per element of ``a``/``b`` ``(*batch, d)``: composite
+    Gauss–Legendre on panels no wider than ``width`` (at most ``_MAX_PANELS``), after
+    ``_ZOOMS`` passes that narrow [a, b] onto the peak (:func:`_locate`, :func:`_zoom`;
+    ``locate=False``: none, the caller located them; ``coarse``: ``_ZOOM_PANELS`` panels
+    each, for log-concave integrands, else panels no wider than ``width``). ``log_fn`` maps
+    nodes ``(*batch, d, K)`` to the log integrand there; ``last``, if given, maps the last
+    pass's nodes and log weights to the result (a fused pass with its own backward,
+    ``perturb/boxes/_side_integral.py``)."""
+    if locate:
+        a, b = _locate(log_fn, a, b, width, order, coarse)
+    span = float((b - a).max()) if a.numel() else 0.0             # an empty batch: any grid
+    least = _ZOOM_PANELS if locate else _LEAST_PANELS
+    x, w = _nodes(a, b, min(_MAX_PANELS, max(least, math.ceil(span / width))), order)
     if last is not None:
         return last(x, torch.log(w))
     return torch.logsumexp(torch.log(w) + log_fn(x), dim=-1)
@@ -238,102 +292,6 @@ def _log_g(lo: torch.Tensor, up: torch.Tensor, noise: Noise, x: torch.Tensor) ->
     """``Σ_j log F(x − l_j) + Σ_j log F(u_j − x)`` at nodes ``x`` ``(*batch, d, K)``."""
     return (_log_cdf(noise, x.unsqueeze(0) - lo.unsqueeze(-1)).sum(0)
             + _log_cdf(noise, up.unsqueeze(-1) - x.unsqueeze(0)).sum(0))
-
-
-def _log1m_ratio(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
-                 up_b: torch.Tensor, noise: Noise) -> torch.Tensor:
-    r"""``log(1 − E[vol(a ∩ b)] / E[vol(b)])`` for finite float64 corners ``(*batch, d)``,
-    accurate when ``b`` lies deep inside ``a`` (where the ratio rounds to 1).
-
-    Pairs with :math:`P = \prod_i s_{ab,i}/s_{b,i} ≤ 1/2` take ``log1mexp(log P)``, which is
-    well conditioned there (its derivative in ``log P`` is at most 1); the others (b nearly
-    inside a, where 1 − P cancels) integrate what b loses (:func:`_log1m_near`), on those
-    pairs only (one host read; on CUDA and under tracing every pair, ``reads_stall``).
-    """
-    log_b = _log_sides(lo_b.unsqueeze(0), up_b.unsqueeze(0), noise)
-    log_ab = _log_sides(torch.stack([lo_a, lo_b]), torch.stack([up_a, up_b]), noise)
-    # b with a side of expected length exactly 0 (noise of bounded support) is contained in
-    # every box, as an empty hard box: P = 1, log(1 − P) = −inf, zero gradients
-    empty = torch.isneginf(log_b).any(-1)
-    log_p = torch.where(empty.unsqueeze(-1), 0.0, log_ab - log_b).clamp(max=0.0).sum(-1)
-    far = (log_p <= -_LOG2) | empty
-    out = log1mexp(torch.where(far & ~empty, log_p, torch.full_like(log_p, -1.0)))
-    out = torch.where(empty, -math.inf, out)
-    if not _any((~far).any()):
-        return out
-    if log_p.dim() == 0 or reads_stall(log_p):
-        near = _log1m_near(lo_a, up_a, lo_b, up_b, log_b, log_ab, noise)
-        return torch.where(far, out, near)
-    rows = (~far).nonzero(as_tuple=True)
-    near = _log1m_near(lo_a[rows], up_a[rows], lo_b[rows], up_b[rows], log_b[rows],
-                       log_ab[rows], noise)
-    return out.index_put(rows, near)
-
-
-def _log1m_near(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
-                up_b: torch.Tensor, log_b: torch.Tensor, log_ab: torch.Tensor, noise: Noise
-                ) -> torch.Tensor:
-    r"""``log(1 − P)`` of :func:`_log1m_ratio` for nearly nested pairs, given the log sides
-    ``log_b`` of b and ``log_ab`` of a ∩ b ``(*batch, d)``.
-
-    Per coordinate the side of b loses :math:`δ = s_b − s_{ab} = \int g_b(x)(1 − h_a(x))\,dx`
-    in the intersection (:math:`g_b` the integrand of b's side, :math:`h_a = F(x − l_a)
-    F(u_a − x)`), integrated directly in log space with :math:`1 − h_a` from the survival
-    function (no cancellation): by quadrature on each half of b (the two ends of b meet a's
-    two ends, :func:`_log_lost_side`), or piece by piece for bounded and NegativeExponential
-    noise (``log_lost_side`` of ``_bounded_sides`` / ``_negexp_sides``).
-    With :math:`r = δ / s_b`, :math:`\log(s_{ab}/s_b) = \log(1 − r)` is ``log1mexp(log r)``
-    for r <= 1/2 and :math:`\log s_{ab} − \log s_b` above; the result is
-    :math:`\log(1 − \prod_i (1 − r_i)) = \log \sum_i r_i \prod_{j<i} (1 − r_j)`, a log-sum-exp
-    of positive terms (no cancellation when every :math:`r_i` is tiny). Under Logistic noise
-    (the class itself) δ is the closed form
-    :func:`~perturb.boxes._logistic_sides.logistic_log_loss` instead of the integral.
-    """
-    piecewise = _piecewise(noise)
-    if piecewise is not None:
-        log_delta = piecewise.log_lost_side(lo_a, up_a, lo_b, up_b, noise)
-    elif type(noise) is Logistic and _LOGISTIC_PAIRS_CLOSED:   # closed form of the loss
-        log_delta = logistic_log_loss(lo_a, up_a, lo_b, up_b, float(noise.scale))
-    else:
-        log_delta = _log_lost_side(lo_a, up_a, lo_b, up_b, noise)
-    return _log1m_from_loss(log_delta, log_b, log_ab)
-
-
-def _log_lost_side(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
-                   up_b: torch.Tensor, noise: Noise) -> torch.Tensor:
-    """log δ of :func:`_log1m_near` by quadrature, on each half of b."""
-    layout = noise.quadrature_layout(2)
-    low, width, order = float(layout.low), float(layout.width), int(layout.order)
-    with torch.no_grad():
-        mid = (lo_b + up_b) / 2
-        start = torch.minimum(torch.minimum(lo_a, lo_b), up_b) + low
-        stop = torch.maximum(torch.maximum(up_a, up_b), lo_b) - low
-
-    def log_loss(x: torch.Tensor) -> torch.Tensor:     # log g_b(x) + log(1 − h_a(x))
-        # 1 − F(x − l_a) F(u_a − x) = S(x − l_a) + F(x − l_a) S(u_a − x), from the survival
-        # function: log1mexp(log h_a) is −inf (and its gradient NaN) where h_a rounds to 1,
-        # deep inside a, which is exactly where b sits when a contains it
-        below, above = x - lo_a.unsqueeze(-1), up_a.unsqueeze(-1) - x
-        log_1m_h = torch.logaddexp(noise.log_sf(below),
-                                   noise.log_cdf(below) + noise.log_sf(above))
-        return _log_g(lo_b.unsqueeze(0), up_b.unsqueeze(0), noise, x) + log_1m_h
-
-    return torch.logaddexp(_log_integral(log_loss, start, mid, width, order),
-                           _log_integral(log_loss, mid, stop, width, order))
-
-
-def _log1m_from_loss(log_delta: torch.Tensor, log_b: torch.Tensor, log_ab: torch.Tensor
-                     ) -> torch.Tensor:
-    """``log(1 − P)`` of :func:`_log1m_near` from the log losses ``log_delta`` of b's sides
-    and the log sides ``log_b``, ``log_ab`` ``(*batch, d)``."""
-    log_r = (log_delta - log_b).clamp(max=0.0)
-    small = log_r < -_LOG2
-    log_keep = torch.where(small, log1mexp(torch.where(small, log_r, -1.0)),
-                           (log_ab - log_b).clamp(max=0.0))
-    # 1 − Π_i (1 − r_i) = Σ_i r_i Π_{j<i} (1 − r_j): a sum of positive terms, so tiny r_i
-    # (b deep inside a, where log1mexp(Σ_i log(1 − r_i)) rounds to log 0) keep their digits
-    before = torch.cumsum(log_keep, -1) - log_keep
-    return torch.logsumexp(log_r + before, -1).clamp(max=0.0)
 
 
 def _zoom(x: torch.Tensor, log_g: torch.Tensor, a: torch.Tensor, b: torch.Tensor

@@ -31,8 +31,8 @@ from perturb._math import exp_floored, log_expm1, logaddexp2, nan_to_
 from perturb._math import log1mexp as _log1mexp
 from perturb._validation import check_value, reads_stall, validation_enabled
 from perturb.boxes.box import Box, _broadcast_boxes
-from perturb.boxes.expected_volumes import (_log1m_ratio, _log_expected_volume, _noise_reach,
-                                            _resolve_noise)
+from perturb.boxes._nested_loss import _log1m_ratio
+from perturb.boxes.expected_volumes import _log_expected_volume, _noise_reach, _resolve_noise
 from perturb.boxes.volumes import (_any, _as_scale, _log, _log_gumbel_side_slope, _log_softplus,
                                   _log_volume)
 from perturb.noise import Noise
@@ -416,7 +416,7 @@ def log1m_containment_prob(a: Box, b: Box, beta: float | torch.Tensor | None = N
 
 def _log1m_noise(a: Box, b: Box, noise: Noise) -> torch.Tensor:
     """log(1 − P) under a quadrature noise: the direct integral of what b loses in the
-    intersection (:func:`~perturb.boxes.expected_volumes._log1m_ratio`) for pairs with finite
+    intersection (:func:`~perturb.boxes._nested_loss._log1m_ratio`) for pairs with finite
     corners, ``log1mexp(log P)`` for the unbounded ones (their limit; log P is computed only
     when there are such pairs)."""
     a, b = _broadcast_boxes(a, b)

@@ -281,6 +281,26 @@ class Noise:
         self._require_quadrature("argmax_probs")
         return _quadrature.argmax_probs(self, theta)
 
+    def _log_cdf_(self, z: torch.Tensor) -> torch.Tensor:
+        """``log F(z)`` for a fresh float64 tensor ``z`` that the call may overwrite (the node
+        terms of the box quadrature, :mod:`perturb.boxes.expected_volumes`).
+
+        Accuracy contract: absolute, about 1e-15 where ``log F`` is of order 1 and relative
+        where it is large and negative (what a sum of ``log F`` inside a log-sum-exp needs);
+        not the relative accuracy of :meth:`log_cdf` where ``F`` rounds to 1. Default:
+        ``log_cdf(z)``; a family overrides it to standardise ``z`` in place or to take a
+        cheaper form. The result may share ``z``'s storage; read ``z`` no longer.
+        """
+        return self.log_cdf(z)
+
+    def _log_hazard_(self, z: torch.Tensor, log_cdf: torch.Tensor) -> torch.Tensor:
+        """``log f(z) − log F(z)`` for a fresh float64 tensor ``z`` (may be overwritten) and
+        ``log_cdf``, :meth:`_log_cdf_` of the same values (not overwritten): the hazard terms of
+        the box quadrature's backward. Default: ``log_prob(z) − log_cdf``; a family overrides
+        it with a cheaper or more accurate form (Logistic: ``log_sf(z) − log s``, exact where
+        its ``log_prob`` loses digits in the far tail)."""
+        return self.log_prob(z) - log_cdf
+
     def _require_quadrature(self, what: str) -> None:
         """NotImplementedError unless the declared capabilities allow the generic quadrature."""
         if not (self.continuous and self.has_cdf and self.has_log_prob):

@@ -92,3 +92,23 @@ def test_second_derivatives_raise():
                                create_graph=True)
     with pytest.raises(RuntimeError):
         g.sum().backward()
+
+
+@pytest.mark.parametrize("noise", NOISES, ids=repr)
+def test_blocks_of_the_cpu_pass_equal_one_block(noise, monkeypatch):
+    """The CPU pass goes through the sides in blocks of about ``_BLOCK`` node terms (cache
+    blocking): with blocks of 7 sides (a last partial block) the values and the gradients
+    equal those of one block, batch dims and all."""
+    import perturb.boxes._side_integral as si
+    lo, up = _pairs(3, n=20)                                      # 60 sides
+    x, log_w = _grid(lo, up, panels=4, order=8)
+    outs = []
+    for block in (si._BLOCK, 7 * 2 * x.shape[-1]):
+        monkeypatch.setattr(si, "_BLOCK", block)
+        l, u = lo.clone().requires_grad_(), up.clone().requires_grad_()
+        v = log_side(l, u, x, log_w, noise)
+        (v * torch.linspace(0.5, 1.5, v.numel(), dtype=F64).view_as(v)).sum().backward()
+        outs.append((v.detach(), l.grad, u.grad))
+    assert outs[0][0].shape == (20, 3)
+    for one, blocked in zip(*outs):
+        torch.testing.assert_close(blocked, one, rtol=1e-15, atol=1e-300)

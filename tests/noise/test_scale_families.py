@@ -160,3 +160,76 @@ def test_logistic_log_prob_is_exact_in_both_tails():
     z = torch.tensor([-21.0, 21.0], dtype=torch.float64)
     assert torch.equal(Logistic().log_prob(z), Logistic().log_prob(-z))     # symmetric
     assert float(Logistic().log_prob(z)[0] - (-21.0 - 2 * math.log1p(math.exp(-21.0)))) == 0.0
+
+
+# ------------------------------------------------- the in-place hooks of the box quadrature
+
+
+def _nodes_like() -> torch.Tensor:
+    """Standardised values across both tails and the deep-tail switch of Normal._log_cdf_
+    (z = −30), with the values on each side of it."""
+    z = torch.cat([torch.linspace(-45, 45, 1801, dtype=F64),
+                   torch.tensor([-30.0, math.nextafter(-30.0, -1), math.nextafter(-30.0, 0),
+                                 -31.0, 31.0], dtype=F64)])
+    return z.view(-1, 2)
+
+
+@pytest.mark.parametrize("noise", [Gumbel(0.7), Normal(0.3), Logistic(2.0)], ids=repr)
+def test_log_cdf_hook_agrees_with_log_cdf_and_may_overwrite_its_input(noise):
+    """``_log_cdf_`` (the in-place hook the box quadrature calls) equals ``log_cdf`` to the
+    absolute accuracy its contract states (1e-15 where log F is of order 1, relative 1e-14 in
+    the lower tail), on both sides of Normal's switch to log_ndtr at −30 scales; it may
+    overwrite its input (the caller passes a fresh tensor) and leaves no NaN or inf."""
+    x = _nodes_like() * noise.scale
+    want = noise.log_cdf(x)
+    z = x.clone()
+    got = noise._log_cdf_(z)
+    assert got.shape == x.shape and torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-14, atol=1e-15)
+    # mpmath-free check of the deep lower tail of Normal against scipy (log_ndtr)
+    if isinstance(noise, Normal):
+        ref = torch.from_numpy(special.log_ndtr((x / noise.scale).numpy()))
+        torch.testing.assert_close(got, ref, rtol=1e-14, atol=1e-15)
+
+
+def test_log_cdf_hook_default_is_log_cdf():
+    """The base-class default is ``log_cdf`` itself (a user noise needs no override)."""
+    class Laplace(Noise):
+        continuous = True
+
+        def cdf(self, x):
+            return torch.where(x < 0, 0.5 * torch.exp(x), 1 - 0.5 * torch.exp(-x))
+
+        def log_prob(self, x):
+            return -x.abs() - math.log(2.0)
+
+    noise = Laplace()
+    x = torch.linspace(-5, 5, 41, dtype=F64)
+    assert torch.equal(noise._log_cdf_(x.clone()), noise.log_cdf(x))
+    torch.testing.assert_close(noise._log_hazard_(x.clone(), noise.log_cdf(x)),
+                               noise.log_prob(x) - noise.log_cdf(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("noise", [Gumbel(0.7), Normal(0.3), Logistic(2.0)], ids=repr)
+def test_log_hazard_hook_is_log_density_over_cdf(noise):
+    """``_log_hazard_(z, log F(z)) = log f(z) − log F(z)``: against log_prob − log_cdf where
+    both are exact, and for Logistic against log S(z) − log s (its exact form) in the far
+    lower tail, where log_prob's softplus loses digits; the input may be overwritten."""
+    x = _nodes_like() * noise.scale
+    log_cdf = noise.log_cdf(x)
+    got = noise._log_hazard_(x.clone(), log_cdf)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, noise.log_prob(x) - log_cdf, rtol=1e-13, atol=1e-13)
+    if isinstance(noise, Logistic):
+        torch.testing.assert_close(got, noise.log_sf(x) - math.log(noise.scale), rtol=1e-15,
+                                   atol=1e-15)
+
+
+def test_normal_log_cdf_hook_keeps_autograd_exact():
+    """Under autograd the Normal hook takes log_ndtr out of place (erfc_ in place would lose
+    the input its derivative needs): gradients equal those of log_cdf."""
+    x = torch.linspace(-40, 8, 97, dtype=F64).requires_grad_()
+    noise = Normal(0.3)
+    g1, = torch.autograd.grad(noise._log_cdf_(x * 0.3).sum(), x)
+    g2, = torch.autograd.grad(noise.log_cdf(x * 0.3).sum(), x)
+    torch.testing.assert_close(g1, g2, rtol=1e-14, atol=0)
