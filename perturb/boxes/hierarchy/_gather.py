@@ -11,6 +11,8 @@ order of ``ids``.
 With ``sparse=True`` the backward returns the same gradient as a sparse COO tensor instead,
 ``(n, *rest)`` with one (uncoalesced) entry per row of ``ids``: no dense fill, for the lazy Adam
 of the trainer (:mod:`perturb.boxes.hierarchy._lazy_adam`), which updates only those rows.
+Forward and backward of 11,264 rows of an 82,115 × 10 table, one CPU thread, medians of 40:
+0.54 ms sparse, against 0.73 ms for ``F.embedding(..., sparse=True)`` and 1.09 ms dense.
 """
 from __future__ import annotations
 

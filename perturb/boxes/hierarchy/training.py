@@ -325,7 +325,8 @@ class Trainer:
 
     ``state_dict()`` / ``load_state_dict()`` hold the model, the optimizer, the generator, the
     epoch, the step counter and the history: everything a resumed run needs to continue
-    bit for bit.
+    bit for bit. The optimizer is ``config.optimizer``'s: dense Adam, or with "sparse_adam" the
+    lazy Adam, for which the trainer sets ``model.sparse_grad`` (sparse row gradients).
     """
 
     def __init__(self, model: BoxHierarchyModel, positives: torch.Tensor, known: PairSet,
@@ -591,4 +592,5 @@ def train_hierarchy(graph: nx.DiGraph, dim: int | HierarchyConfig | None = None,
         if on_epoch_end is not None:
             on_epoch_end(trainer.epoch, trainer)
     model.eval()
+    model.sparse_grad = False                # the returned model: dense gradients again
     return TrainResult(model, trainer.history)

@@ -414,6 +414,7 @@ def test_sparse_adam_learns_the_small_tree_like_adam():
         res = train_hierarchy(g, 2, epochs=40, lr=0.05, batch_size=16, negatives_per_positive=8,
                               seed=0, progress=False, optimizer=opt, volume_reg=0.01)
         f1[opt] = all_pairs_f1(res.model, clo).f1
+        assert not res.model.sparse_grad               # the returned model: dense gradients
         assert res.history.loss[-1] < 0.5 * res.history.loss[0], opt
     assert f1["sparse_adam"] >= f1["adam"] - 0.05 and f1["sparse_adam"] >= 0.9, f1
 
