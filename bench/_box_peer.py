@@ -17,6 +17,11 @@ center/offset parameterisation started from the same boxes. Per step:
 (:func:`perturb.boxes.volume`, ``approx=False``) to separate the cost of the volume from the
 cost of the loop.
 
+``sparse=True`` is the lazy-Adam variant a torch user writes: ``F.embedding(..., sparse=True)``
+(sparse COO gradients of the two tables) and ``torch.optim.SparseAdam`` (the comparison of
+``HierarchyConfig(optimizer="sparse_adam")``). box-embeddings itself has no sparse option; the
+gathers are this loop's own ``F.embedding`` calls.
+
 ``box="soft"`` is box-embeddings' soft box instead: ``HardIntersection`` and ``SoftVolume``
 (softplus of the sides at temperature T, log scale). ``known`` (a
 :class:`perturb.boxes.losses.PairSet`) draws the negatives with the sampler of the protocol
@@ -48,12 +53,13 @@ class PeerLoop:
         box: "gumbel" or "soft" (``HardIntersection``, ``SoftVolume`` at ``temperature``).
         temperature: softplus temperature of the soft box.
         known: pairs never drawn as negatives (filtered sampler), or None (unfiltered).
+        sparse: sparse row gradients and ``torch.optim.SparseAdam`` instead of Adam.
     """
 
     def __init__(self, center: torch.Tensor, raw: torch.Tensor, positives: torch.Tensor, *,
                  beta: float, volume_beta: float, batch_size: int, negatives: int, lr: float,
                  volume: str = "approx", seed: int = 0, box: str = "gumbel",
-                 temperature: float = 1.0, known=None) -> None:
+                 temperature: float = 1.0, known=None, sparse: bool = False) -> None:
         from box_embeddings.modules.intersection import GumbelIntersection, HardIntersection
         from box_embeddings.modules.volume import BesselApproxVolume, SoftVolume
         from box_embeddings.parameterizations.box_tensor import BoxTensor
@@ -82,6 +88,11 @@ class PeerLoop:
             self.log_volume = exact
         else:
             raise ValueError(f"volume must be 'approx' or 'exact', got {volume!r}")
+        self.sparse = sparse
+        if sparse:
+            self.opt = torch.optim.SparseAdam([self.center, self.raw], lr=lr)
+            self.gen = torch.Generator().manual_seed(seed)
+            return
         try:
             self.opt = torch.optim.Adam([self.center, self.raw], lr=lr, fused=True)
         except (RuntimeError, ValueError):
@@ -103,8 +114,8 @@ class PeerLoop:
     def log_p(self, pairs: torch.Tensor) -> torch.Tensor:
         """log P(child ⊆ parent) of ``(P, 2)`` (child, parent) ids, ≤ 0: ``(P,)``."""
         ids = torch.cat([pairs[:, 0], pairs[:, 1]])
-        c = F.embedding(ids, self.center)
-        h = F.softplus(F.embedding(ids, self.raw))
+        c = F.embedding(ids, self.center, sparse=self.sparse)
+        h = F.softplus(F.embedding(ids, self.raw, sparse=self.sparse))
         box = self.box_tensor.from_zZ(c - h, c + h)
         p = pairs.shape[0]
         child = self.box_tensor.from_zZ(box.z[:p], box.Z[:p])

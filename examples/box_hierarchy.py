@@ -81,6 +81,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--negatives", type=int, default=128, help="negatives per positive")
     p.add_argument("--batch-size", type=int, default=None, help="default 256 (quick: 64)")
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--optimizer", choices=("adam", "sparse_adam"), default="adam",
+                   help="adam (dense, default) or sparse_adam: lazy Adam on sparse row gradients, "
+                        "only the step's boxes move (HierarchyConfig.optimizer; not with "
+                        "--world-size > 1)")
     p.add_argument("--decay-epochs", type=int, default=None,
                    help="after --epochs, this many epochs at lr/5 and again at lr/25 "
                         "(default 5, --quick 0)")
@@ -174,7 +178,7 @@ def train_phased(graph, dim, method, args, epochs, negatives, seed, hp, eval_fn=
         kw = dict(**box_model(method, hp, args.noise_scale), epochs=ep, lr=lr, negatives_per_positive=negatives, batch_size=args.batch_size,
                   seed=seed + 1000 * i, device=args.device, model=model, train_edges=train_edges,
                   known_edges=known_edges, diagnostics_every=args.diagnostics_every,
-                  initializer=args.initializer)
+                  initializer=args.initializer, optimizer=args.optimizer)
         if args.checkpoint_dir and tag:          # resumable runs, one file per phase
             os.makedirs(args.checkpoint_dir, exist_ok=True)
             kw.update(checkpoint=os.path.join(args.checkpoint_dir, f"{tag}-{method}-d{dim}-"
@@ -488,7 +492,7 @@ def _run(args, out, cmd: str) -> dict:
     log(f"setting 1: balanced binary tree, {tree.number_of_nodes()} nodes, "
         f"{transitive_closure(tree).number_of_edges()} closure edges, {negatives} negatives "
         f"per positive, {epochs} epochs (+ 2 x {args.decay_epochs} decayed), batch "
-        f"{args.batch_size}, lr={args.lr}, "
+        f"{args.batch_size}, lr={args.lr} ({args.optimizer}), "
         f"beta={args.beta}, volume_beta={args.volume_beta}, T={args.temperature}")
     rows = [] if args.no_tree else run_reconstruction(f"tree{tree.number_of_nodes()}", tree,
                                                       dims, args, epochs, negatives, log)

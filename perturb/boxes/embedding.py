@@ -217,6 +217,14 @@ class BoxEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> Box:
         """The boxes of ``ids`` (any shape ``(*batch,)``), as a Box ``(*batch, dim)``."""
+        self._check_ids(ids)
+        p1, p2 = self.param1, self.param2
+        ids = ids.to(device=p1.device, dtype=torch.long)
+        return self._make_box(F.embedding(ids, p1), F.embedding(ids, p2))
+
+    def _check_ids(self, ids: torch.Tensor) -> None:
+        """ValueError unless ``ids`` is an integer tensor of ids in range (the range only
+        while perturb's validation is on)."""
         if not isinstance(ids, torch.Tensor):
             raise ValueError(f"ids must be a torch.Tensor of integer ids, got "
                              f"{type(ids).__name__}")
@@ -227,9 +235,6 @@ class BoxEmbedding(nn.Module):
             check_value((lo >= 0) & (hi < self.num_entities),
                         f"ids must lie in [0, {self.num_entities})",
                         lambda: str(int(lo) if int(lo) < 0 else int(hi)))
-        p1, p2 = self.param1, self.param2
-        ids = ids.to(device=p1.device, dtype=torch.long)
-        return self._make_box(F.embedding(ids, p1), F.embedding(ids, p2))
 
     def all_boxes(self) -> Box:
         """Every entity's box, shape ``(num_entities, dim)``."""

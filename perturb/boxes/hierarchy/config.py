@@ -21,7 +21,7 @@ from perturb.boxes.noise_records import check_recordable, noise_from_record, noi
 from perturb.noise import Gumbel, Logistic, Noise, Normal
 
 __all__ = ["HierarchyConfig", "METHODS", "DEFAULT_NOISE", "PARAMETERISATIONS", "INITIALIZERS",
-           "box_model", "resolve_box_model"]
+           "OPTIMIZERS", "box_model", "resolve_box_model"]
 
 #: Names of the box models (:func:`box_model`): the noises of the corners, or the two models
 #: without noise, "soft" (softplus-smoothed volumes) and "hard". As values of the deprecated
@@ -36,6 +36,9 @@ _DEFAULT_TEMPERATURE = 0.1
 DEFAULT_NOISE: Noise = Gumbel(scale=_DEFAULT_SCALE)
 #: Initialisations of a run's boxes (:attr:`HierarchyConfig.initializer`).
 INITIALIZERS = ("random", "nested")
+#: Optimisers of a run (:attr:`HierarchyConfig.optimizer`): dense Adam, or lazy Adam on
+#: sparse row gradients (``torch.optim.SparseAdam``'s update rule).
+OPTIMIZERS = ("adam", "sparse_adam")
 #: Box parameterisations of :class:`~perturb.boxes.BoxEmbedding`.
 PARAMETERISATIONS = ("center_offset", "min_delta", "sigmoid")
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
@@ -118,8 +121,8 @@ def resolve_box_model(fn: str, noise: Any, temperature: Any, method: str | None 
 class HierarchyConfig:
     """Hyper-parameters of a box-hierarchy run (model, optimisation, negatives, diagnostics).
 
-    The model fields configure :class:`BoxHierarchyModel`; the optimiser is Adam, one step per
-    batch of positives.
+    The model fields configure :class:`BoxHierarchyModel`; the optimiser is Adam (``optimizer``),
+    one step per batch of positives.
 
     Model fields:
         dim: box dimension d (>= 1).
@@ -149,6 +152,18 @@ class HierarchyConfig:
     Optimisation fields:
         epochs: passes over the positive edges (>= 0).
         lr: learning rate (> 0).
+        optimizer: "adam" (default: dense Adam, the fused kernel where available) or
+            "sparse_adam": lazy Adam, the update rule of ``torch.optim.SparseAdam``. The
+            model's row gathers then give sparse COO gradients of the ``(n, d)`` corner tables
+            (no dense gradient is built) and only the boxes of the step's pairs are updated:
+            m_R ← β₁m_R + (1 − β₁)g_R, v_R ← β₂v_R + (1 − β₂)g_R², θ_R ← θ_R − lr·√(1 − β₂ᵗ)
+            /(1 − β₁ᵗ)·m_R/(√v_R + ε) for the touched rows R, t the optimizer's step count.
+            It is a *different algorithm*, not a faster dense Adam: the moments of the boxes a
+            step does not touch do not decay and those boxes do not move (dense Adam keeps
+            moving them by their decaying first moment), the bias correction counts all
+            steps, not a box's own updates, and ε is added to √v, not to the bias-corrected
+            √v̂. Results differ from "adam" beyond rounding. Not with the distributed trainer
+            (DDP does not reduce these sparse gradients: ValueError naming ``optimizer``).
         batch_size: positive edges per step (>= 1), each with its negatives.
         negatives_per_positive: k corrupted pairs per positive, redrawn every step (>= 0).
         negative_weight: w >= 0, weight of the mean negative loss.
@@ -202,6 +217,7 @@ class HierarchyConfig:
     dtype: str = "float32"
     epochs: int = 100
     lr: float = 0.05
+    optimizer: str = "adam"
     batch_size: int = 512
     negatives_per_positive: int = 10
     negative_weight: float = 1.0
@@ -228,6 +244,7 @@ class HierarchyConfig:
         set_("temperature", temperature)
         check_choice(self.parameterisation, PARAMETERISATIONS, "parameterisation")
         check_choice(self.sampler, ("auto", "adaptive", "fixed"), "sampler")
+        check_choice(self.optimizer, OPTIMIZERS, "optimizer")
         check_choice(self.initializer, INITIALIZERS, "initializer")
         if self.initializer == "nested" and self.parameterisation == "sigmoid":
             raise ValueError("initializer='nested' builds boxes of side up to 10, which the "

@@ -286,7 +286,8 @@ def train_hierarchy_distributed(graph: nx.DiGraph, dim: int | HierarchyConfig | 
     Raises:
         ValueError: as ``train_hierarchy``; ``world_size < 1`` or, under torchrun, not its
             world size; an unknown backend, or NCCL without CUDA; a checkpoint written by
-            another number of processes.
+            another number of processes; ``optimizer="sparse_adam"`` (the lazy Adam's sparse
+            gradients are not reduced by DDP).
         RuntimeError: a worker failed (its traceback is included).
 
     Example:
@@ -307,6 +308,11 @@ def train_hierarchy_distributed(graph: nx.DiGraph, dim: int | HierarchyConfig | 
         world_size = 2
     check_positive(timeout, "timeout")
     cfg = resolve_config(config, dim, method, **overrides)
+    if cfg.optimizer != "adam":
+        # DDP reduces dense gradients; it would need to know the gathers' sparse ones up front
+        raise ValueError(f"optimizer={cfg.optimizer!r} is not supported by the distributed "
+                         f"trainer (DDP does not reduce the sparse row gradients of the lazy "
+                         f"Adam); use optimizer='adam' or train_hierarchy")
     backend = select_backend(device, backend)
     if resume and checkpoint is None:
         raise ValueError("resume=True needs a checkpoint path")

@@ -101,6 +101,11 @@ class BoxHierarchyModel(nn.Module):
         if len(self.nodes) != num_nodes:
             raise ValueError(f"nodes must have num_nodes={num_nodes} labels, got {len(self.nodes)}")
         self._index: dict[Hashable, int] | None = None
+        #: True: the row gathers (:meth:`gather`, and :meth:`log_volume` of all boxes while
+        #: gradients are recorded) give sparse COO gradients of the corner tables instead of
+        #: dense ones, for a lazy optimizer (``HierarchyConfig.optimizer="sparse_adam"``; the
+        #: trainer sets it). :meth:`forward` then gathers too; ``embedding`` itself does not.
+        self.sparse_grad = False
 
     @property
     def num_nodes(self) -> int:
@@ -150,8 +155,14 @@ class BoxHierarchyModel(nn.Module):
         return torch.tensor(rows, dtype=torch.long, device=self.device)
 
     def forward(self, ids: torch.Tensor) -> Box:
-        """The boxes of ``ids``."""
-        return self.embedding(ids)
+        """The boxes of ``ids`` (``(*batch,)`` -> ``(*batch, dim)``; ids checked). With
+        :attr:`sparse_grad`, by :meth:`gather` (sparse gradients)."""
+        if not self.sparse_grad:
+            return self.embedding(ids)
+        self.embedding._check_ids(ids)
+        box = self.gather(ids.reshape(-1))
+        shape = (*ids.shape, self.dim)
+        return Box._trusted(box.lower.reshape(shape), box.upper.reshape(shape))
 
     def gather(self, ids: torch.Tensor, *, validate: bool = True) -> Box:
         """The boxes of ``ids`` (``(k,)`` integer, not range-checked: the trainer checks its
@@ -160,10 +171,12 @@ class BoxHierarchyModel(nn.Module):
         slower on the CPU; the gather's backward is ``index_put_``, 1.4–1.6× faster than
         ``index_select``'s (:mod:`perturb.boxes.hierarchy._gather`). ``validate=False`` skips
         the NaN pass over the parameters that runs while perturb's validation is on (the
-        trainer's steps)."""
+        trainer's steps). With :attr:`sparse_grad` the backward gives sparse COO gradients."""
         e = self.embedding
         ids = ids.to(device=e.param1.device, dtype=torch.long)
-        return e._make_box(gather_rows(e.param1, ids), gather_rows(e.param2, ids), validate)
+        sparse = self.sparse_grad
+        return e._make_box(gather_rows(e.param1, ids, sparse), gather_rows(e.param2, ids, sparse),
+                           validate)
 
     @property
     def _gumbel_beta(self) -> float | None:
@@ -268,6 +281,9 @@ class BoxHierarchyModel(nn.Module):
         ``validate=False``: ``ids`` were checked by the caller, and the value checks (ids in
         range, no NaN parameter) are skipped."""
         if ids is None:
+            if self.sparse_grad and torch.is_grad_enabled():    # sparse gradients: a gather
+                ids = torch.arange(self.num_nodes, device=self.device)
+                return self._log_volume_box(self.gather(ids, validate=validate))
             return self._log_volume_box(self.embedding._all_boxes(validate))
         return self._log_volume_box(self(ids) if validate else self.gather(ids, validate=False))
 

@@ -50,6 +50,7 @@ import networkx as nx
 import torch
 
 from perturb.boxes.box import Box
+from perturb.boxes.hierarchy._lazy_adam import LazyAdam
 from perturb.boxes.hierarchy.config import HierarchyConfig
 from perturb.boxes.hierarchy.graphs import (check_hierarchy, check_pairs, edge_index,
                                             transitive_closure)
@@ -239,7 +240,10 @@ def stalled_pairs(model: BoxHierarchyModel, pairs: torch.Tensor, n_pos: int,
 
 
 def _adam(model: BoxHierarchyModel, lr: float) -> torch.optim.Optimizer:
-    """Adam; the fused implementation (one kernel over all parameters) where available."""
+    """Adam; the fused implementation (one kernel over all parameters) where available; the
+    lazy Adam of sparse row gradients when the model's gathers give them."""
+    if model.sparse_grad:
+        return LazyAdam(model.parameters(), lr=lr)
     try:
         return torch.optim.Adam(model.parameters(), lr=lr, fused=True)
     except (RuntimeError, ValueError):
@@ -253,6 +257,11 @@ MOMENT_CLEANUP_EVERY = 64
 def zero_tiny_moments(optimizer: torch.optim.Optimizer) -> None:
     """Set to 0 the Adam moments below ``2**24 · finfo.tiny`` (2e-31 in float32), in place, on
     the device (no host read).
+
+    With ``optimizer="sparse_adam"`` (:class:`~perturb.boxes.hierarchy._lazy_adam.LazyAdam`,
+    the same state keys) it is kept, although it rarely finds anything: lazy moments decay only
+    when their box is touched, so they do not drift into denormals; what it still catches is
+    the moments of tiny gradients, at the cost of one pass over the moments every 64 steps.
 
     Why: the dense Adam update decays the moments of every box a step does not touch (the
     first by 0.9 per step), so after a few epochs most of the first moments of a large
@@ -316,7 +325,8 @@ class Trainer:
 
     ``state_dict()`` / ``load_state_dict()`` hold the model, the optimizer, the generator, the
     epoch, the step counter and the history: everything a resumed run needs to continue
-    bit for bit.
+    bit for bit. The optimizer is ``config.optimizer``'s: dense Adam, or with "sparse_adam" the
+    lazy Adam, for which the trainer sets ``model.sparse_grad`` (sparse row gradients).
     """
 
     def __init__(self, model: BoxHierarchyModel, positives: torch.Tensor, known: PairSet,
@@ -331,6 +341,8 @@ class Trainer:
         self.scorer = scorer if scorer is not None else model.score_pairs
         self.steps_per_epoch = steps_per_epoch
         self.reduce = reduce
+        # the lazy Adam updates the rows of sparse gradients: the model's gathers give them
+        model.sparse_grad = config.optimizer == "sparse_adam"
         self.optimizer = _adam(model, config.lr)
         self.epoch = 0
         self.step_count = 0
@@ -392,7 +404,8 @@ class Trainer:
             zero = torch.zeros((), dtype=torch.float64, device=pairs.device)
             for p in (model.embedding.param1, model.embedding.param2):
                 if p.grad is not None:
-                    zero += ((p.grad.abs() <= tol) & touched.unsqueeze(1)).sum()
+                    g = p.grad.to_dense() if p.grad.is_sparse else p.grad   # repeats summed
+                    zero += ((g.abs() <= tol) & touched.unsqueeze(1)).sum()
             n_touched = touched.sum() * (2 * model.dim)
             known = self.known.contains(pairs[m:]).sum()
         stalled, violated = stalled_pairs(model, pairs, m, tol, scores, validate=False)
@@ -579,4 +592,5 @@ def train_hierarchy(graph: nx.DiGraph, dim: int | HierarchyConfig | None = None,
         if on_epoch_end is not None:
             on_epoch_end(trainer.epoch, trainer)
     model.eval()
+    model.sparse_grad = False                # the returned model: dense gradients again
     return TrainResult(model, trainer.history)

@@ -24,6 +24,12 @@ def test_defaults_round_trip_and_replace():
         cfg.replace(dimension=3)
     kw = c2.model_kwargs()
     assert kw["dtype"] is torch.float64 and kw["dim"] == 4
+    lazy = cfg.replace(optimizer="sparse_adam")
+    assert HierarchyConfig.from_dict(lazy.to_dict()) == lazy
+    assert lazy.differences(cfg) == {"optimizer": ("sparse_adam", "adam")}
+    old = cfg.to_dict()
+    del old["optimizer"]                      # a config saved before the field: dense Adam
+    assert HierarchyConfig.from_dict(old).optimizer == "adam"
 
 
 @pytest.mark.parametrize("field,value", [
@@ -37,6 +43,7 @@ def test_defaults_round_trip_and_replace():
     ("closure", 1), ("seed", -1), ("seed", 1.5), ("diagnostics_every", -1),
     ("grad_tol", -1.0), ("accuracy_threshold", 2.0), ("accuracy_threshold", 0.0),
     ("accuracy_threshold", math.nan), ("eval_every", -1), ("checkpoint_every", 0),
+    ("optimizer", "sgd"), ("optimizer", "SparseAdam"), ("optimizer", None),
 ])
 def test_bad_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):

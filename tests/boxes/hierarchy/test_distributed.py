@@ -76,6 +76,8 @@ def test_bad_arguments():
         train_hierarchy_distributed(balanced_tree(2, 2), 2, backend="tcp")
     with pytest.raises(ValueError, match="nccl"):
         train_hierarchy_distributed(balanced_tree(2, 2), 2, backend="nccl")
+    with pytest.raises(ValueError, match="optimizer='sparse_adam'"):
+        train_hierarchy_distributed(balanced_tree(2, 2), 2, optimizer="sparse_adam")
 
 
 def test_backend_selection():

@@ -89,3 +89,44 @@ def test_fused_gumbel_scores_match_the_general_path(dtype, monkeypatch):
     for a, b in zip(out["fused"], out["general"]):
         scale = b.abs().amax().clamp(min=1.0)
         torch.testing.assert_close(a / scale, b / scale, **tol)
+
+
+@pytest.mark.parametrize("method", ["gumbel", "soft", "normal"])
+@pytest.mark.parametrize("n_pairs", [5, 40])  # fused Gumbel / per-pair; per-node child volumes
+def test_sparse_grad_gives_the_dense_gradients(method, n_pairs):
+    """With ``sparse_grad`` the scores are the same and the parameters' gradients are sparse
+    COO tensors equal to the dense ones (fused Gumbel pair score, per-node volumes, volume of
+    given ids)."""
+    box_model = {"gumbel": dict(noise=Gumbel(0.2), volume_beta=0.3),
+                 "soft": dict(noise=None, temperature=0.5), "normal": dict(noise=Normal(0.2))}
+    gen = torch.Generator().manual_seed(3)
+    m = BoxHierarchyModel(12, 3, **box_model[method], init=(0.2, 0.6), generator=gen,
+                          dtype=torch.float64)
+    child, parent = torch.randint(0, 12, (2, n_pairs), generator=gen)
+    w = torch.randn(2 * n_pairs - 2, generator=gen, dtype=torch.float64)
+    grads = []
+    for sparse in (False, True):
+        m.sparse_grad = sparse
+        m.zero_grad(set_to_none=True)
+        s = m.score_pairs(child, parent, 2)
+        loss = (torch.cat([s.log_p, s.log1m_p]) * w).sum() + m.log_volume(child[:3]).sum()
+        loss.backward()
+        grads.append([p.grad for p in m.parameters()])
+    for dense, sparse in zip(*grads):
+        assert not dense.is_sparse and sparse.is_sparse
+        torch.testing.assert_close(sparse.to_dense(), dense, rtol=1e-12, atol=1e-14)
+    with torch.no_grad():                      # no gradient: the plain all-boxes path
+        assert torch.equal(m.log_volume(), m.log_volume(torch.arange(12)))
+
+
+def test_sparse_grad_forward_equals_embedding():
+    m = BoxHierarchyModel(10, 2, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([[1, 9], [3, 1]])
+    dense = m(ids)
+    m.sparse_grad = True
+    box = m(ids)
+    assert torch.equal(box.lower, dense.lower) and torch.equal(box.upper, dense.upper)
+    box.lower.sum().backward()
+    assert m.embedding.param1.grad.is_sparse
+    with pytest.raises(ValueError, match="ids"):
+        m(torch.tensor([10]))

@@ -386,3 +386,115 @@ def test_log_p_given_volumes_equals_score_pairs(kw):
     with torch.no_grad():
         got = _log_p_given_volumes(model, pairs, model.log_volume())
     torch.testing.assert_close(got, score_pairs(model, pairs), rtol=1e-12, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- lazy Adam
+
+def test_default_optimizer_is_dense_fused_adam():
+    """The default is today's dense Adam: dense gradients, torch.optim.Adam, and the same
+    parameters bit for bit as optimizer="adam" spelled out."""
+    from perturb.boxes.hierarchy import HierarchyConfig
+    assert HierarchyConfig().optimizer == "adam"
+    g = balanced_tree(2, 3)
+    kw = dict(epochs=3, batch_size=8, negatives_per_positive=3, seed=2, progress=False)
+    a = train_hierarchy(g, 2, **kw).model
+    b = train_hierarchy(g, 2, optimizer="adam", **kw).model
+    assert not a.sparse_grad
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q) and not p.grad.is_sparse
+
+
+def test_sparse_adam_learns_the_small_tree_like_adam():
+    """The lazy Adam reaches the dense Adam's F1 on the 15-node tree (within 0.05), and halves
+    the loss, with the settings of test_training_reconstructs_small_tree."""
+    g = balanced_tree(2, 3)
+    clo = edge_index(g, transitive_closure(g).edges)
+    f1 = {}
+    for opt in ("adam", "sparse_adam"):
+        res = train_hierarchy(g, 2, epochs=40, lr=0.05, batch_size=16, negatives_per_positive=8,
+                              seed=0, progress=False, optimizer=opt, volume_reg=0.01)
+        f1[opt] = all_pairs_f1(res.model, clo).f1
+        assert not res.model.sparse_grad               # the returned model: dense gradients
+        assert res.history.loss[-1] < 0.5 * res.history.loss[0], opt
+    assert f1["sparse_adam"] >= f1["adam"] - 0.05 and f1["sparse_adam"] >= 0.9, f1
+
+
+def _lazy_trainer(optimizer: str, n: int = 40):
+    from perturb.boxes.hierarchy import HierarchyConfig, Trainer, initial_model
+    from perturb.boxes.losses import PairSet
+    g = random_dag(n, 0.1, seed=1)
+    pos = edge_index(g, transitive_closure(g).edges)
+    cfg = HierarchyConfig(dim=3, optimizer=optimizer, batch_size=4, negatives_per_positive=2,
+                          lr=0.1, seed=0)
+    model = initial_model(n, list(g.nodes), cfg, pos, torch.Generator().manual_seed(0))
+    return Trainer(model, pos, PairSet(pos, n, include_self=True), cfg,
+                   torch.Generator().manual_seed(1)), pos
+
+
+def test_sparse_adam_step_is_the_lazy_adam_update_by_hand():
+    """One trainer step with optimizer="sparse_adam" moves exactly the boxes of the step's
+    pairs, by the lazy Adam update of the dense trainer's gradient (same pairs: same
+    generator), computed here by hand; every other box and moment is untouched."""
+    lazy, pos = _lazy_trainer("sparse_adam")
+    dense, _ = _lazy_trainer("adam")
+    before = [p.detach().clone() for p in lazy.model.parameters()]
+    batch = pos[:4]
+    lazy.step(batch)
+    dense.step(batch)                     # its .grad: the dense gradient at the same start
+    # the step's pairs: 4 positives and 8 negatives, drawn alike by both trainers
+    gen = torch.Generator().manual_seed(1)
+    from perturb.boxes.losses import sample_negatives
+    neg = sample_negatives(batch, 40, 2, known=lazy.known, generator=gen, strict=False,
+                           mode=lazy.config.sampler)
+    touched = torch.zeros(40, dtype=torch.bool)
+    touched[torch.cat([batch, neg.reshape(-1, 2)]).reshape(-1)] = True
+    b1, b2, eps, lr = 0.9, 0.999, 1e-8, 0.1
+    for p, p0, q in zip(lazy.model.parameters(), before, dense.model.parameters()):
+        g = q.grad
+        m, v = (1 - b1) * g, (1 - b2) * g * g
+        want = p0 - lr * math.sqrt(1 - b2) / (1 - b1) * m / (v.sqrt() + eps)
+        want = torch.where(touched.unsqueeze(1), want, p0)
+        torch.testing.assert_close(p.detach(), want, rtol=1e-6, atol=1e-7)
+        assert torch.equal(p.detach()[~touched], p0[~touched])
+        st = lazy.optimizer.state[p]
+        assert not st["exp_avg"][~touched].any() and not st["exp_avg_sq"][~touched].any()
+        torch.testing.assert_close(st["exp_avg"], m.where(touched.unsqueeze(1), 0.0))
+
+
+def test_sparse_adam_diagnostics_equal_the_dense_first_step():
+    """The first step is the same for both optimizers (same start, same pairs): the same loss
+    and the same diagnostic counts from the sparse gradient."""
+    g = random_dag(30, 0.15, seed=2)
+    kw = dict(epochs=1, batch_size=8, negatives_per_positive=3, seed=4, progress=False,
+              diagnostics_every=1)
+    a = train_hierarchy(g, 3, **kw).history
+    b = train_hierarchy(g, 3, optimizer="sparse_adam", **kw).history
+    assert a.step_loss[0] == b.step_loss[0]
+    assert a.zero_grad_fraction[0] == b.zero_grad_fraction[0]
+    assert a.stalled_fraction[0] == b.stalled_fraction[0]
+
+
+def test_sparse_adam_resumes_bit_for_bit(tmp_path, one_thread):
+    """3 epochs, checkpoint, resume to 6 = 6 straight (parameters, moments, history); and a
+    Trainer state_dict loaded into a fresh trainer continues the same."""
+    g = random_dag(40, 0.1, seed=3)
+    kw = {**_RUN, "optimizer": "sparse_adam", "volume_reg": 0.01}
+    path = tmp_path / "lazy.ckpt"
+    train_hierarchy(g, 3, checkpoint=path, **{**kw, "epochs": 3})
+    resumed = train_hierarchy(g, 3, checkpoint=path, resume=True, **kw)
+    straight = train_hierarchy(g, 3, **kw)
+    for p, q in zip(resumed.model.parameters(), straight.model.parameters()):
+        assert torch.equal(p, q)
+    assert resumed.history.step_loss == straight.history.step_loss
+    state = torch.load(path, weights_only=True)["trainer"]["optimizer"]["state"]
+    assert {k for s in state.values() for k in s} == {"step", "exp_avg", "exp_avg_sq"}
+    import copy
+    a, pos = _lazy_trainer("sparse_adam")
+    for s in range(3):
+        a.step(pos[4 * s:4 * s + 4])
+    b, _ = _lazy_trainer("sparse_adam")
+    b.load_state_dict(copy.deepcopy(a.state_dict()))
+    for t in (a, b):
+        t.run_epoch()
+    for p, q in zip(a.model.parameters(), b.model.parameters()):
+        assert torch.equal(p, q)
