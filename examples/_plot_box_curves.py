@@ -10,7 +10,7 @@ import argparse
 import json
 
 COLORS = {"gumbel": "tab:blue", "soft": "tab:orange", "hard": "tab:red", "normal": "tab:green",
-          "logistic": "tab:purple"}
+          "logistic": "tab:purple", "uniform": "tab:brown", "negexp": "tab:gray"}
 
 
 def main(argv: list[str] | None = None) -> None:

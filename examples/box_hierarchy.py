@@ -57,11 +57,14 @@ from perturb.boxes.hierarchy import (  # noqa: E402
     wordnet_noun_hierarchy,
 )
 from perturb.boxes.losses import PairSet, sample_negatives  # noqa: E402
-from perturb.noise import Gumbel, Logistic, Normal  # noqa: E402
+from perturb.noise import Gumbel, Logistic, NegativeExponential, Normal, Uniform  # noqa: E402
 
 METHODS = ("gumbel", "soft", "hard")
-#: Boxes whose corners are perturbed by another noise (expected volumes by quadrature; slower).
-NOISE_METHODS = ("normal", "logistic")
+#: Boxes whose corners are perturbed by another noise, of scale --noise-scale (Normal boxes by
+#: quadrature, slower; uniform: Uniform(−scale, scale); negexp: NegativeExponential(scale)).
+NOISE_METHODS = ("normal", "logistic", "uniform", "negexp")
+_NOISES = {"normal": Normal, "logistic": Logistic, "negexp": NegativeExponential,
+           "uniform": lambda s: Uniform(-s, s)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,11 +74,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="epochs at --lr per run (default 20; --quick 40)")
     p.add_argument("--methods", nargs="+", default=list(METHODS),
                    choices=METHODS + NOISE_METHODS,
-                   help="box models (normal, logistic: corners perturbed by that noise)")
+                   help="box models (normal, logistic, uniform, negexp: corners perturbed by "
+                        "that noise)")
     p.add_argument("--noise", nargs="+", default=None, choices=("gumbel",) + NOISE_METHODS,
                    help="the box models named by their corner noise (replaces --methods)")
     p.add_argument("--noise-scale", type=float, default=0.1,
-                   help="scale of the corner noise of the normal and logistic boxes")
+                   help="scale of the corner noise of the normal, logistic, uniform (the "
+                        "half-width) and negexp boxes")
     p.add_argument("--dims", nargs="+", type=int, default=None, help="default 8 4 (quick: 4 2)")
     p.add_argument("--height", type=int, default=None, help="tree height (default 9; quick 5)")
     p.add_argument("--negatives", type=int, default=128, help="negatives per positive")
@@ -150,12 +155,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def box_model(method, hp, noise_scale):
     """The trainer's box model of a method name of the flags: the corner noise (Gumbel with
-    the setting's β, or Normal / Logistic with --noise-scale), or no noise (soft boxes with the
-    setting's temperature, hard boxes)."""
+    the setting's β, or Normal / Logistic / Uniform / NegativeExponential with --noise-scale),
+    or no noise (soft boxes with the setting's temperature, hard boxes)."""
     if method == "gumbel":
         return dict(noise=Gumbel(hp["beta"]), volume_beta=hp["volume_beta"])
     if method in NOISE_METHODS:
-        return dict(noise={"normal": Normal, "logistic": Logistic}[method](noise_scale))
+        return dict(noise=_NOISES[method](noise_scale))
     return dict(noise=None, temperature=hp["temperature"] if method == "soft" else None)
 
 
@@ -400,7 +405,8 @@ def plot_curves(rows: list[dict], path_f1: pathlib.Path, path_zero: pathlib.Path
     recon = [r for r in rows if r["f1_curve"]]
     groups = sorted({(r["setting"], r["dim"]) for r in recon})
     colors = {"gumbel": "tab:blue", "soft": "tab:orange", "hard": "tab:red",
-              "normal": "tab:green", "logistic": "tab:purple"}
+              "normal": "tab:green", "logistic": "tab:purple", "uniform": "tab:brown",
+              "negexp": "tab:gray"}
     ylabels = {"f1_curve": "F1 (reconstruction: all pairs; generalisation: validation)",
                "zero_grad_curve": "fraction of zero gradient entries",
                "stalled_curve": "stalled / violated pairs"}

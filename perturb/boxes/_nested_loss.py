@@ -116,4 +116,9 @@ def _log1m_from_loss(log_delta: torch.Tensor, log_b: torch.Tensor, log_ab: torch
     # 1 − Π_i (1 − r_i) = Σ_i r_i Π_{j<i} (1 − r_j): a sum of positive terms, so tiny r_i
     # (b deep inside a, where log1mexp(Σ_i log(1 − r_i)) rounds to log 0) keep their digits
     before = torch.cumsum(log_keep, -1) - log_keep
-    return torch.logsumexp(log_r + before, -1).clamp(max=0.0)
+    terms = log_r + before
+    # b inside the part of a where h_a = 1 in every coordinate (noise of bounded support):
+    # nothing is lost, 1 − P = 0 exactly; log 0 with a zero gradient, not logsumexp's NaN
+    none = torch.isneginf(terms).all(-1, keepdim=True)
+    out = torch.logsumexp(torch.where(none, 0.0, terms), -1)
+    return torch.where(none.squeeze(-1), -math.inf, out).clamp(max=0.0)

@@ -45,3 +45,17 @@ def test_log1m_far_pairs_equal_the_loss_integral(noise):
         torch.testing.assert_close(got[i:i + 1].detach(), alone.detach(), rtol=1e-12, atol=0)
         for full, part in zip(corners, one):
             torch.testing.assert_close(full.grad[i:i + 1], part.grad, rtol=1e-12, atol=1e-14)
+
+
+def test_nothing_lost_under_bounded_noise_has_a_zero_gradient():
+    """b inside the part of a where Uniform corners always contain it, in every coordinate:
+    1 − P = 0 exactly, log(1 − P) = −inf and the gradient 0 (logsumexp of all −inf gave NaN,
+    which reached the parameters through the floored negative loss)."""
+    from perturb.boxes import Box, log1m_containment_prob
+    from perturb.noise import Uniform
+    lo = torch.tensor([[0.9, 0.9]], dtype=F64, requires_grad=True)
+    a = Box(torch.zeros(1, 2, dtype=F64), torch.full((1, 2), 3.0, dtype=F64))
+    out = log1m_containment_prob(a, Box(lo, lo.detach() + 0.4), noise=Uniform(-0.1, 0.1))
+    assert float(out.detach()) == -math.inf
+    (g,) = torch.autograd.grad(torch.where(torch.isneginf(out), 0.0, out).sum(), lo)
+    assert torch.equal(g, torch.zeros_like(g))

@@ -126,8 +126,9 @@ class BoxHierarchyModel(nn.Module):
 
     @property
     def beta(self) -> float | None:
-        """The noise's scale (None without noise)."""
-        return None if self.noise is None else float(getattr(self.noise, "scale"))
+        """The noise's scale (None without noise, or for a noise without one)."""
+        scale = getattr(self.noise, "scale", None)      # Uniform has low and high instead
+        return None if scale is None else float(scale)
 
     def hparams(self) -> dict[str, Any]:
         """The constructor arguments (besides ``nodes``, ``generator``, ``device``), plain
@@ -255,7 +256,9 @@ class BoxHierarchyModel(nn.Module):
                 log_p = log_containment_prob(parent, child, noise=noise)
             else:                      # the children's volumes, computed once per node
                 log_inter = expected_volume(parent, child, noise=noise, log=True)
-                log_p = (log_inter - log_child).clamp(max=0.0)
+                # a child of expected volume exactly 0 (bounded noise) is contained: P = 1
+                log_p = torch.where(torch.isneginf(log_child), 0.0,
+                                    log_inter - log_child).clamp(max=0.0)
             return PairScores(log_p, log1m_containment_prob(parent[n_pos:], child[n_pos:],
                                                             noise=noise))
         beta = self._gumbel_beta

@@ -76,7 +76,7 @@ __all__ = [
 
 #: Quantile levels of the log-volume distribution recorded each epoch.
 VOLUME_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
-#: −log p of a hard positive pair whose boxes are disjoint (p = 0): finite, zero gradient.
+#: −log p of a hard (or Uniform-noise) positive pair with p = 0: finite, zero gradient.
 HARD_LOG_FLOOR = -100.0
 _ACCURACY_SAMPLE = 65536
 _HALF = -math.log(2.0)
@@ -187,14 +187,16 @@ def training_pairs(graph: nx.DiGraph, train_edges: Any = None, closure: bool = T
 
 def pair_losses(scores: PairScores, n_pos: int, method: str
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-pair losses: ``−log p`` of the first ``n_pos`` pairs (floored at 100 for hard
-    boxes, p = 0) and ``−log(1 − p)`` of the others (:func:`~perturb.boxes.losses.negative_nll`).
+    """Per-pair losses: ``−log p`` of the first ``n_pos`` pairs (floored at 100 for the models
+    whose p can be exactly 0: hard boxes and Uniform noise, whose corners cannot bridge a gap
+    wider than its support) and ``−log(1 − p)`` of the others
+    (:func:`~perturb.boxes.losses.negative_nll`).
 
     Shape:
         ``(n_pos,)`` and ``(P − n_pos,)``.
     """
     log_p = scores.log_p[:n_pos]
-    if method == "hard":
+    if method in ("hard", "uniform"):
         log_p = log_p.clamp(min=HARD_LOG_FLOOR)          # p = 0: finite loss, zero gradient
     return -log_p, negative_nll(scores.log1m_p)
 

@@ -20,7 +20,7 @@ from perturb.boxes.hierarchy import (
     transitive_closure,
 )
 from perturb.boxes.hierarchy.training import stalled_pairs
-from perturb.noise import Gumbel, Normal
+from perturb.noise import Gumbel, NegativeExponential, Normal, Uniform
 
 # ----------------------------------------------------------------------------- training
 
@@ -53,6 +53,20 @@ def test_hard_boxes_have_zero_gradients_where_gumbel_does_not():
     assert hard > 0.9
     assert gumbel == 0.0
     assert soft < hard
+
+
+@pytest.mark.parametrize("noise", [Uniform(-0.05, 0.05), NegativeExponential(0.05)], ids=repr)
+def test_noise_with_kinks_trains_with_finite_parameters(noise):
+    """Uniform boxes reach p = 0 (positives beyond the support: the hard floor) and 1 − p = 0
+    (negatives nested deep inside): finite losses, finite parameters, the loss going down;
+    Uniform stalls like hard boxes, NegativeExponential (an exponential tail) never."""
+    g = balanced_tree(2, 3)
+    res = train_hierarchy(g, 2, noise, epochs=15, lr=0.05, batch_size=16,
+                          negatives_per_positive=8, seed=0, progress=False, init=(0.05, 0.1))
+    params = torch.cat([p.detach().reshape(-1) for p in res.model.parameters()])
+    assert bool(torch.isfinite(params).all())
+    assert all(math.isfinite(v) for v in res.history.loss)
+    assert res.history.loss[-1] < res.history.loss[0]
 
 
 def test_stalled_pairs_hard_all_gumbel_none():
