@@ -143,8 +143,9 @@ def log_lost_side(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
     ka, kb = _slope(mid, la, ua), _slope(mid, lb, ub)
     # start at the end where η is largest: the right end where η rises (ka > 0)
     from_right = ka > 0
+    # tails: η rises towards the left tail's finite end (ka = 1) and falls from the right
+    # tail's (ka = −1), so e is always a finite end
     e = torch.where(from_right, b, a)
-    e = torch.where(torch.isinf(e), torch.where(from_right, a, b), e)    # tails: the finite end
     sign = torch.where(from_right, -1.0, 1.0)
     k, c = sign * kb, -(sign * ka)
     eta0 = _h(e, la, ua)

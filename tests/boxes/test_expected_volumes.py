@@ -95,19 +95,26 @@ def test_one_box_under_normal_noise_matches_its_closed_form(gap, sigma):
     assert got == pytest.approx(want, rel=1e-11, abs=1e-11)
 
 
+def _monte_carlo_volumes(noise, draw):
+    """The boxes of the Monte Carlo tests, the number of draws and ``n`` draws of vol(a ∩ b)
+    and vol(b) with corners perturbed by ``draw(generator, shape)`` (float64 draws of
+    ``noise``)."""
+    a, b = _boxes(1, n=4)
+    n = 400_000
+    eps = draw(torch.Generator().manual_seed(2), (4, n, *a.lower.shape))
+    lo_a, up_a = a.lower + eps[0], a.upper - eps[1]
+    lo_b, up_b = b.lower + eps[2], b.upper - eps[3]
+    inter = (torch.minimum(up_a, up_b) - torch.maximum(lo_a, lo_b)).clamp_min(0).prod(-1)
+    return a, b, n, inter, (up_b - lo_b).clamp_min(0).prod(-1)
+
+
 @pytest.mark.parametrize("noise", [Normal(0.3), Logistic(0.2), Normal(0.05)],
                          ids=["normal", "logistic", "narrow-normal"])
 def test_monte_carlo_400k(noise):
     """E[vol(a ∩ b)], E[vol(a)] and containment against 400k draws of the perturbed corners:
     within 1% and within 5 standard errors."""
-    a, b = _boxes(1, n=4)
-    n = 400_000
-    g = torch.Generator().manual_seed(2)
-    eps = noise.sample((4, n, *a.lower.shape), generator=g).to(F64)
-    lo_a, up_a = a.lower + eps[0], a.upper - eps[1]
-    lo_b, up_b = b.lower + eps[2], b.upper - eps[3]
-    inter = (torch.minimum(up_a, up_b) - torch.maximum(lo_a, lo_b)).clamp_min(0).prod(-1)
-    vol_b = (up_b - lo_b).clamp_min(0).prod(-1)
+    a, b, n, inter, vol_b = _monte_carlo_volumes(noise, lambda g, shape: noise.sample(
+        shape, generator=g).to(F64))
     for draws, got in ((inter, expected_volume(a, b, noise=noise)),
                        (vol_b, expected_volume(b, noise=noise))):
         mean, se = draws.mean(0), draws.std(0) / math.sqrt(n)
@@ -488,14 +495,8 @@ _PIECEWISE = [Uniform(-0.3, 0.4), NegativeExponential(0.2)]
 def test_piecewise_noises_monte_carlo_400k(noise):
     """Uniform and NegativeExponential corners (exact piecewise integrals): E[vol(a ∩ b)],
     E[vol(b)] and containment against 400k draws, within 1% and 5 standard errors."""
-    a, b = _boxes(1, n=4)
-    n = 400_000
-    g = torch.Generator().manual_seed(2)
-    eps = noise.sample((4, n, *a.lower.shape), generator=g, dtype=F64)
-    lo_a, up_a = a.lower + eps[0], a.upper - eps[1]
-    lo_b, up_b = b.lower + eps[2], b.upper - eps[3]
-    inter = (torch.minimum(up_a, up_b) - torch.maximum(lo_a, lo_b)).clamp_min(0).prod(-1)
-    vol_b = (up_b - lo_b).clamp_min(0).prod(-1)
+    a, b, n, inter, vol_b = _monte_carlo_volumes(noise, lambda g, shape: noise.sample(
+        shape, generator=g, dtype=F64))
     for draws, got in ((inter, expected_volume(a, b, noise=noise)),
                        (vol_b, expected_volume(b, noise=noise))):
         mean, se = draws.mean(0), draws.std(0) / math.sqrt(n)
