@@ -1,8 +1,11 @@
 """Validation-F1 curves of examples/box_hierarchy.py's generalisation runs, one seed per model,
-one panel per results.json (the figure of docs/box_hierarchy.md, "Random starts").
+one panel per group of results.json (the figures of docs/box_hierarchy.md, "Random starts").
 
-    python examples/_plot_box_curves.py OUT.png "TITLE=results.json" ... [--seed 0]
-        [--setting "closure-filtered) (train + 25%)"]
+    python examples/_plot_box_curves.py OUT.png "TITLE=results.json[,more.json...]" ...
+        [--seed 0] [--setting "closure-filtered) (train + 25%)"]
+
+A panel draws the rows of every file it names (runs of one model each, say), so that curves of
+separate runs share a panel.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ COLORS = {"gumbel": "tab:blue", "soft": "tab:orange", "hard": "tab:red", "normal
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
-    p.add_argument("panels", nargs="+", help="TITLE=path/to/results.json")
+    p.add_argument("panels", nargs="+", help="TITLE=path/to/results.json[,other.json...]")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--setting", default="", help="substring of the rows' setting")
     p.add_argument("--ymin", type=float, default=0.0)
@@ -28,9 +31,8 @@ def main(argv: list[str] | None = None) -> None:
     fig, axes = plt.subplots(1, len(args.panels), figsize=(4.6 * len(args.panels), 3.4),
                              squeeze=False)
     for ax, panel in zip(axes[0], args.panels):
-        title, path = panel.split("=", 1)
-        data = json.load(open(path))
-        for r in data["rows"] if isinstance(data, dict) else data:
+        title, paths = panel.split("=", 1)
+        for r in [r for path in paths.split(",") for r in _rows(path)]:
             if r["seed"] != args.seed or args.setting not in r["setting"] or not r["f1_curve"]:
                 continue
             xs, ys = zip(*r["f1_curve"])
@@ -45,6 +47,13 @@ def main(argv: list[str] | None = None) -> None:
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(args.out, dpi=80)
+
+
+def _rows(path: str) -> list[dict]:
+    """The rows of one results.json (a list of rows, or a dict with ``rows``)."""
+    with open(path) as f:
+        data = json.load(f)
+    return data["rows"] if isinstance(data, dict) else data
 
 
 if __name__ == "__main__":
