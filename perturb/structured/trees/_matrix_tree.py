@@ -322,6 +322,8 @@ class _TreeMarginals(torch.autograd.Function):
         s, valid, nodes, root = inputs
         mu, P, G, path, state = output
         ctx.mark_non_differentiable(P, G, path)
+        # no zero-filled n² gradients for P and G (two fresh buffers per backward)
+        ctx.set_materialize_grads(False)
         # the cycle reduction's intermediate results (no autograd history; not outputs of
         # the graph) for its analytic Hessian–vector product
         ctx.reduced_state = state
@@ -335,7 +337,7 @@ class _TreeMarginals(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_mu, _gP, _gG, _gpath, _gstate=None):
-        if not ctx.needs_input_grad[0]:
+        if grad_mu is None or not ctx.needs_input_grad[0]:
             return None, None, None, None
         s, valid, nodes, P, G, path, mu = ctx.saved_tensors
         nodes = nodes if ctx.has_nodes else None
@@ -364,13 +366,14 @@ class _TreeLogPartition(torch.autograd.Function):
         s, valid, nodes, root = inputs
         _, mu = output
         ctx.mark_non_differentiable(mu)
+        ctx.set_materialize_grads(False)        # no zero-filled n² gradient for μ
         ctx.root = root
         ctx.has_nodes = nodes is not None
         ctx.save_for_backward(s, valid, nodes if nodes is not None else s.new_empty(0), mu)
 
     @staticmethod
     def backward(ctx, grad_logz, _gmu):
-        if not ctx.needs_input_grad[0]:
+        if grad_logz is None or not ctx.needs_input_grad[0]:
             return None, None, None, None
         s, valid, nodes, mu = ctx.saved_tensors
         if torch.is_grad_enabled():
