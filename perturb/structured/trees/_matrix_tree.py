@@ -98,16 +98,17 @@ def _inverse(M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(M⁻¹, singular) for the scaled Laplacian of :func:`_reduced_matrix` ``(*batch, n, n)``;
     ``singular`` ``(*batch)`` bool flags a zero pivot in some block.
 
-    Below ``_BLOCK_MIN`` nodes one ``torch.linalg.inv_ex`` call; from it on, recursively by
-    blocks, M = [[A, B], [C, D]] (halves), with X = −A⁻¹B, Y = −CA⁻¹ and the Schur
-    complement S = D + CX:
+    Below ``_BLOCK_MIN`` nodes, and off the CPU, one ``torch.linalg.inv_ex`` call; from it on,
+    on the CPU, recursively by blocks, M = [[A, B], [C, D]] (halves), with X = −A⁻¹B,
+    Y = −CA⁻¹ and the Schur complement S = D + CX:
 
         M⁻¹ = [[A⁻¹ + X S⁻¹ Y, X S⁻¹], [S⁻¹ Y, S⁻¹]].
 
     Why: LAPACK's triangular solves against the n columns of the identity (``inv_ex``) run
     at about a third of the speed of a matrix product on one CPU thread; here three quarters
     of the same 2n³ flops are matrix products (64 matrices of 128 nodes, MKL, one thread:
-    23 ms instead of 27 ms; no gain at 64 nodes, hence the threshold).
+    23 ms instead of 27 ms; no gain at 64 nodes, hence the threshold; GPUs are not measured,
+    so they keep ``inv_ex``).
 
     Accuracy: M is a column diagonally dominant M-matrix, and so are A and S (principal
     submatrices and Schur complements of one), while B, C <= 0. So A⁻¹, S⁻¹ >= 0 (computed
@@ -118,7 +119,7 @@ def _inverse(M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     kept; the accuracy tests run both sizes against the log-space elimination.
     """
     n = M.shape[-1]
-    if n < _BLOCK_MIN:
+    if n < _BLOCK_MIN or M.device.type != "cpu":
         G, info = torch.linalg.inv_ex(M)
         return G, info != 0
     h = n // 2
