@@ -29,6 +29,7 @@ from perturb.structured.trees._elimination import (
     reduced_solve,
     reduced_vjp,
 )
+from perturb.structured.trees._inverse import inverse
 
 __all__: list[str] = []
 
@@ -88,53 +89,6 @@ def _inner_nodes(shape: torch.Size, nodes: torch.Tensor | None, root: int,
         inner = inner & nodes
     inner[..., root] = False
     return inner
-
-
-#: Matrices of this size or larger are inverted by 2 × 2 blocks (:func:`_inverse`).
-_BLOCK_MIN = 96
-
-
-def _inverse(M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(M⁻¹, singular) for the scaled Laplacian of :func:`_reduced_matrix` ``(*batch, n, n)``;
-    ``singular`` ``(*batch)`` bool flags a zero pivot in some block.
-
-    Below ``_BLOCK_MIN`` nodes, and off the CPU, one ``torch.linalg.inv_ex`` call; from it on,
-    on the CPU, recursively by blocks, M = [[A, B], [C, D]] (halves), with X = −A⁻¹B,
-    Y = −CA⁻¹ and the Schur complement S = D + CX:
-
-        M⁻¹ = [[A⁻¹ + X S⁻¹ Y, X S⁻¹], [S⁻¹ Y, S⁻¹]].
-
-    Why: LAPACK's triangular solves against the n columns of the identity (``inv_ex``) run
-    at about a third of the speed of a matrix product on one CPU thread; here three quarters
-    of the same 2n³ flops are matrix products (64 matrices of 128 nodes, MKL, one thread:
-    23 ms instead of 27 ms; no gain at 64 nodes, hence the threshold; GPUs are not measured,
-    so they keep ``inv_ex``).
-
-    Accuracy: M is a column diagonally dominant M-matrix, and so are A and S (principal
-    submatrices and Schur complements of one), while B, C <= 0. So A⁻¹, S⁻¹ >= 0 (computed
-    by LU without pivoting, as in :func:`_error_estimate`), X, Y >= 0, and every product and
-    sum above has same-signed terms: the only subtractions are on the diagonal of S, as in
-    the pivots of LU. The error structure on which :func:`_error_estimate` rests (G
-    accurate entrywise up to O(eps) perturbations of the pivots, entrywise nonnegative) is
-    kept; the accuracy tests run both sizes against the log-space elimination.
-    """
-    n = M.shape[-1]
-    if n < _BLOCK_MIN or M.device.type != "cpu":
-        G, info = torch.linalg.inv_ex(M)
-        return G, info != 0
-    h = n // 2
-    A, B, C, D = M[..., :h, :h], M[..., :h, h:], M[..., h:, :h], M[..., h:, h:]
-    Ai, sing_a = _inverse(A)
-    X = torch.matmul(Ai, B).neg_()
-    Y = torch.matmul(C, Ai).neg_()
-    S = torch.matmul(C, X).add_(D)
-    Si, sing_s = _inverse(S)
-    G = torch.empty_like(M)
-    G[..., :h, h:] = torch.matmul(X, Si)
-    G[..., h:, :h] = torch.matmul(Si, Y)
-    G[..., h:, h:] = Si
-    G[..., :h, :h] = torch.matmul(G[..., :h, h:], Y).add_(Ai)
-    return G, sing_a | sing_s
 
 
 #: Largest tolerated error estimate of the marginals (see lu_solve and
@@ -200,11 +154,11 @@ def lu_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, r
     """Fast path: (μ, log Z, P, G, bad) in the compute dtype from one LU factorisation.
 
     G = (I − P̂)⁻¹ padded with zeros at the root and absent nodes; ``bad`` ``(*batch)`` marks
-    the elements whose result fails the a-posteriori check (log Z is only formed, from the LU
-    factors, when ``need_logz``; otherwise one inverse, :func:`_inverse`, and log Z = 0): a
-    singular factorisation, a non-finite value, a marginal outside [0, 1], a column of μ not
-    summing to 1 (an identity of the exact inverse: Σ_i P_ij (G_jj − G_ji) = (G(I − P̂))_jj), a
-    non-positive determinant, or an error estimate 4·max(n, 8)·eps·‖G‖₁ above
+    the elements whose result fails the a-posteriori check (log Z is only formed, with the
+    inverse's log-determinant (:func:`._inverse.inverse`), when ``need_logz``; otherwise
+    log Z = 0): a singular factorisation, a non-finite value, a marginal outside [0, 1], a
+    column of μ not summing to 1 (an identity of the exact inverse:
+    Σ_i P_ij (G_jj − G_ji) = (G(I − P̂))_jj), a non-positive determinant, or an error estimate 4·max(n, 8)·eps·‖G‖₁ above
     ``ERROR_BUDGET`` (:func:`_error_estimate`; the column-sum identity alone can hold for a
     wrong inverse of a nearly singular matrix).
 
@@ -217,12 +171,8 @@ def lu_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, r
     P, c, _ = column_softmax(s, valid, compute_dtype(s.dtype))
     inner = _inner_nodes(P.shape, nodes, root, P.device)
     Lf = _reduced_matrix(P, root, inner)
-    if need_logz:
-        LU, pivots, info = torch.linalg.lu_factor_ex(Lf)
-        eye = torch.eye(n, dtype=P.dtype, device=P.device).expand_as(LU)
-        G = torch.linalg.lu_solve(LU, pivots, eye)
-    else:
-        G, info = _inverse(Lf)
+    inv = inverse(Lf, det=need_logz)
+    G = inv.inv
     innerf = inner.to(P.dtype)
     if nodes is None:
         # Lf is block-diagonal (the root's row and column are e_r), so the LU and the inverse
@@ -235,17 +185,13 @@ def lu_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, r
     dG = torch.diagonal(G, dim1=-2, dim2=-1)
     # Lf is not needed after the factorisation: μ takes its buffer
     mu = torch.sub(dG.unsqueeze(-2), G.transpose(-1, -2), out=Lf).mul_(P)
-    if need_logz:
-        # sign of det = parity of the row swaps times the signs of U's diagonal
-        dU = torch.diagonal(LU, dim1=-2, dim2=-1)
-        ar = torch.arange(1, n + 1, device=P.device, dtype=pivots.dtype)
-        negative = ((pivots != ar).sum(-1) + (dU < 0).sum(-1)) % 2 == 1
-        logz = torch.log(dU.abs()).sum(-1) + (c * innerf).sum(-1)
-        bad = negative | ~torch.isfinite(logz)
+    if inv.logabsdet is not None and inv.negative is not None:     # need_logz
+        logz = inv.logabsdet + (c * innerf).sum(-1)
+        bad = inv.negative | ~torch.isfinite(logz)
     else:
         logz = torch.zeros(mu.shape[:-2], dtype=mu.dtype, device=mu.device)
         bad = torch.zeros(mu.shape[:-2], dtype=torch.bool, device=mu.device)
-    bad = bad | (info != 0) | ~(_error_estimate(G, n) <= ERROR_BUDGET) \
+    bad = bad | inv.singular | ~(_error_estimate(G, n) <= ERROR_BUDGET) \
         | _result_bad(mu, inner, n)
     return mu, logz, P, G, bad
 

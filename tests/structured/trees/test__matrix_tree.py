@@ -7,6 +7,7 @@ import torch
 
 from perturb.structured.trees import _matrix_tree as eng
 from perturb.structured.trees._elimination import elimination_log_partition
+from perturb.structured.trees._inverse import BLOCK_MIN
 from perturb.structured.trees.matrix_tree import (
     arborescence_log_partition,
     arborescence_marginals,
@@ -78,9 +79,9 @@ def _nested_cycles(a, b, generator):
 def _peaked_cases(generator):
     cases = [s * torch.randn(16, n, n, dtype=D, generator=generator)
              for n in (8, 32, 64) for s in (5, 10, 20, 30, 50)]
-    # from eng._BLOCK_MIN nodes on, the marginals' inverse is formed by blocks
+    # from BLOCK_MIN nodes on, the inverse is formed by blocks
     cases += [s * torch.randn(6, n, n, dtype=D, generator=generator)
-              for n in (eng._BLOCK_MIN, 130) for s in (1, 10, 20)]
+              for n in (BLOCK_MIN, 130) for s in (1, 10, 20)]
     cases.append(torch.stack([_nested_cycles(a, b, generator)
                               for a, b in ((5, 15), (3, 20), (8, 25), (10, 30))]))
     return cases
@@ -102,11 +103,11 @@ def test_lu_accepted_only_where_accurate(generator):
         ok = ~bad
         assert ((mu - mu_e).abs().amax((-1, -2))[ok] <= 1e-9).all()
         assert ((logz - logz_e).abs()[ok] <= 1e-9 * logz_e.abs().clamp_min(1)[ok]).all()
-        # the marginals' path (one inverse, by blocks for large n) passes the same check
+        # the marginals' path (the inverse without log-determinant) passes the same check
         mu, _, _, _, bad = eng.lu_solve(s, v, None, 0, need_logz=False)
         ok = ~bad
         assert ((mu - mu_e).abs().amax((-1, -2))[ok] <= 1e-9).all()
-        if s.shape[-1] >= eng._BLOCK_MIN and float(s.abs().max()) < 10:
+        if s.shape[-1] >= BLOCK_MIN and float(s.abs().max()) < 10:
             assert ok.all()     # unit-scale scores: no element left the fast path
 
 
@@ -207,30 +208,6 @@ def test_mixed_batch_backward_matches_per_element(generator):
             (gi,) = torch.autograd.grad((mi * g[i, j]).sum(), xi)
             torch.testing.assert_close(mu[i, j], mi, rtol=0, atol=1e-14)
             torch.testing.assert_close(gr[i, j], gi, rtol=1e-10, atol=1e-12)
-
-
-@pytest.mark.parametrize("n", [eng._BLOCK_MIN, 130, 200])
-def test_block_inverse(n, generator):
-    """The inverse by 2 × 2 blocks (from eng._BLOCK_MIN nodes on; 200 recurses twice) against
-    LAPACK's on scaled Laplacians with batch dims, a root inside the first half and absent
-    nodes (identity rows and columns): equal to 1e-13, entrywise nonnegative; a zero pivot in
-    either half is flagged."""
-    s = torch.randn(2, 3, n, n, dtype=D, generator=generator)
-    root = 5
-    valid = ~torch.eye(n, dtype=torch.bool)
-    valid[:, root] = False
-    nodes = torch.ones(2, 3, n, dtype=torch.bool)
-    nodes[1, :, n - 7:] = False
-    valid = valid & nodes.unsqueeze(-1) & nodes.unsqueeze(-2)
-    P, _, _ = eng.column_softmax(s, valid)
-    M = eng._reduced_matrix(P, root, eng._inner_nodes(P.shape, nodes, root, P.device))
-    G, singular = eng._inverse(M)
-    assert not singular.any() and (G >= 0).all()
-    torch.testing.assert_close(G, torch.linalg.inv(M), rtol=1e-13, atol=1e-13)
-    for k in (1, n - 2):            # a zero column in the first block, then in the Schur one
-        Z = M[0, 0].clone()
-        Z[:, k] = 0
-        assert eng._inverse(Z)[1]
 
 
 def test_error_estimate_rejects_negative_inverse_entries():
