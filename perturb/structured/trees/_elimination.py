@@ -38,6 +38,7 @@ from typing import NamedTuple
 import torch
 
 from perturb._math import logaddexp2
+from perturb.structured.trees._inverse import inverse
 
 __all__: list[str] = []
 
@@ -438,12 +439,11 @@ def reduced_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | No
     dt, dev = P.dtype, P.device
     kf = (inner & torch.ones_like(inner).scatter_(-1, jidx, False)).to(dt)
     kfi = kf.unsqueeze(-1)
-    eye = torch.eye(n, dtype=dt, device=dev)
     # I − P ⊙ kkᵀ (P's diagonal is 0) with one n² buffer
     A = P.mul(kfi).mul_(kf.unsqueeze(-2)).neg_()
     A.diagonal(dim1=-2, dim2=-1).add_(1.0)
-    LU, piv, info = torch.linalg.lu_factor_ex(A)
-    Ainv = torch.linalg.lu_solve(LU, piv, eye.expand_as(LU))
+    inv = inverse(A, det=True)
+    Ainv = inv.inv
     # A is a column diagonally dominant M-matrix like the fast path's I − P̂: its computed
     # inverse is nonnegative, ‖A⁻¹‖₁ its largest column sum (no |A⁻¹| temporary); a negative
     # entry makes the estimate inf
@@ -472,11 +472,9 @@ def reduced_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | No
     Gbar = torch.matmul(Urow, Vc).sub_(Ainv.mT)
     H = (Gbar - _colsum(P * Gbar)).add_(1.0)
     mu = P * H
-    # log det(I − P̂) = log det A + log Z' (sign: parity of the row swaps and of U's diagonal)
-    dU = torch.diagonal(LU, dim1=-2, dim2=-1)
-    ar = torch.arange(1, n + 1, device=dev, dtype=piv.dtype)
-    negative = ((piv != ar).sum(-1) + (dU < 0).sum(-1)) % 2 == 1
-    logdet = torch.log(dU.abs()).sum(-1) + lz_small
+    # log det(I − P̂) = log det A + log Z'
+    assert inv.logabsdet is not None and inv.negative is not None   # det=True
+    logdet = inv.logabsdet + lz_small
     # Underflow of P: every tree using an edge with P_e below the smallest normal number
     # (flushed to 0 or denormal, so wrong or dropped) weighs at most P_e (the other columns'
     # P sum to 1), so the relative error of Z and of every μ is at most n²·tiny/det(I − P̂).
@@ -484,7 +482,7 @@ def reduced_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | No
     # only real exit lies below the underflow threshold, ±1e4 at τ = 1e-3): the element then
     # fails and goes to the full log-space elimination.
     est = est + torch.exp(math.log(n * n * torch.finfo(dt).tiny) - logdet)
-    bad = (info != 0) | negative | ~(lz_small > 0.5 * _NEG) | ~torch.isfinite(logdet)
+    bad = inv.singular | inv.negative | ~(lz_small > 0.5 * _NEG) | ~torch.isfinite(logdet)
     if need_logz:
         logz = (c * inner.to(dt)).sum(-1) + logdet
     else:

@@ -29,6 +29,7 @@ from perturb.structured.trees._elimination import (
     reduced_solve,
     reduced_vjp,
 )
+from perturb.structured.trees._inverse import inverse
 
 __all__: list[str] = []
 
@@ -124,6 +125,13 @@ def _error_estimate(G: torch.Tensor, n: int) -> torch.Tensor:
     temporary |G| (a fresh n² buffer costs more than the passes for large batches). A negative
     entry (a pivot that rounded to a negative value) makes the estimate inf, so the element
     is recomputed; NaN propagates through both reductions and fails the check too.
+
+    Tightness (issue 29; random scores ×10–×50, n = 64 and 128, against the log-space
+    elimination): the rejected elements have actual errors of 0.2–2·eps·‖G‖₁, so the estimate
+    is loose by its constant only, and about 9 in 10 of them also fail the column-sum
+    identity of :func:`_result_bad` (errors 1e-11–1e-6, above 1e-9/n). A sharper estimate
+    would return at most the remaining tenth to this path (3 of 34 rejected at n = 64, ×20;
+    2 of 18 at n = 128), and the cycle reduction would still run for the others.
     """
     eps = torch.finfo(G.dtype).eps
     est = (4 * max(n, 8) * eps) * G.sum(dim=-2).amax(dim=-1)
@@ -146,11 +154,11 @@ def lu_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, r
     """Fast path: (μ, log Z, P, G, bad) in the compute dtype from one LU factorisation.
 
     G = (I − P̂)⁻¹ padded with zeros at the root and absent nodes; ``bad`` ``(*batch)`` marks
-    the elements whose result fails the a-posteriori check (log Z is only formed, from the LU
-    factors, when ``need_logz``; otherwise one ``inv_ex`` call and log Z = 0): a singular
-    factorisation, a non-finite value, a marginal outside [0, 1], a column of μ not summing to
-    1 (an identity of the exact inverse: Σ_i P_ij (G_jj − G_ji) = (G(I − P̂))_jj), a
-    non-positive determinant, or an error estimate 4·max(n, 8)·eps·‖G‖₁ above
+    the elements whose result fails the a-posteriori check (log Z is only formed, with the
+    inverse's log-determinant (:func:`._inverse.inverse`), when ``need_logz``; otherwise
+    log Z = 0): a singular factorisation, a non-finite value, a marginal outside [0, 1], a
+    column of μ not summing to 1 (an identity of the exact inverse:
+    Σ_i P_ij (G_jj − G_ji) = (G(I − P̂))_jj), a non-positive determinant, or an error estimate 4·max(n, 8)·eps·‖G‖₁ above
     ``ERROR_BUDGET`` (:func:`_error_estimate`; the column-sum identity alone can hold for a
     wrong inverse of a nearly singular matrix).
 
@@ -163,12 +171,8 @@ def lu_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, r
     P, c, _ = column_softmax(s, valid, compute_dtype(s.dtype))
     inner = _inner_nodes(P.shape, nodes, root, P.device)
     Lf = _reduced_matrix(P, root, inner)
-    if need_logz:
-        LU, pivots, info = torch.linalg.lu_factor_ex(Lf)
-        eye = torch.eye(n, dtype=P.dtype, device=P.device).expand_as(LU)
-        G = torch.linalg.lu_solve(LU, pivots, eye)
-    else:
-        G, info = torch.linalg.inv_ex(Lf)
+    inv = inverse(Lf, det=need_logz)
+    G = inv.inv
     innerf = inner.to(P.dtype)
     if nodes is None:
         # Lf is block-diagonal (the root's row and column are e_r), so the LU and the inverse
@@ -181,17 +185,13 @@ def lu_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, r
     dG = torch.diagonal(G, dim1=-2, dim2=-1)
     # Lf is not needed after the factorisation: μ takes its buffer
     mu = torch.sub(dG.unsqueeze(-2), G.transpose(-1, -2), out=Lf).mul_(P)
-    if need_logz:
-        # sign of det = parity of the row swaps times the signs of U's diagonal
-        dU = torch.diagonal(LU, dim1=-2, dim2=-1)
-        ar = torch.arange(1, n + 1, device=P.device, dtype=pivots.dtype)
-        negative = ((pivots != ar).sum(-1) + (dU < 0).sum(-1)) % 2 == 1
-        logz = torch.log(dU.abs()).sum(-1) + (c * innerf).sum(-1)
-        bad = negative | ~torch.isfinite(logz)
+    if inv.logabsdet is not None and inv.negative is not None:     # need_logz
+        logz = inv.logabsdet + (c * innerf).sum(-1)
+        bad = inv.negative | ~torch.isfinite(logz)
     else:
         logz = torch.zeros(mu.shape[:-2], dtype=mu.dtype, device=mu.device)
         bad = torch.zeros(mu.shape[:-2], dtype=torch.bool, device=mu.device)
-    bad = bad | (info != 0) | ~(_error_estimate(G, n) <= ERROR_BUDGET) \
+    bad = bad | inv.singular | ~(_error_estimate(G, n) <= ERROR_BUDGET) \
         | _result_bad(mu, inner, n)
     return mu, logz, P, G, bad
 
@@ -322,6 +322,8 @@ class _TreeMarginals(torch.autograd.Function):
         s, valid, nodes, root = inputs
         mu, P, G, path, state = output
         ctx.mark_non_differentiable(P, G, path)
+        # no zero-filled n² gradients for P and G (two fresh buffers per backward)
+        ctx.set_materialize_grads(False)
         # the cycle reduction's intermediate results (no autograd history; not outputs of
         # the graph) for its analytic Hessian–vector product
         ctx.reduced_state = state
@@ -335,7 +337,7 @@ class _TreeMarginals(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_mu, _gP, _gG, _gpath, _gstate=None):
-        if not ctx.needs_input_grad[0]:
+        if grad_mu is None or not ctx.needs_input_grad[0]:
             return None, None, None, None
         s, valid, nodes, P, G, path, mu = ctx.saved_tensors
         nodes = nodes if ctx.has_nodes else None
@@ -364,13 +366,14 @@ class _TreeLogPartition(torch.autograd.Function):
         s, valid, nodes, root = inputs
         _, mu = output
         ctx.mark_non_differentiable(mu)
+        ctx.set_materialize_grads(False)        # no zero-filled n² gradient for μ
         ctx.root = root
         ctx.has_nodes = nodes is not None
         ctx.save_for_backward(s, valid, nodes if nodes is not None else s.new_empty(0), mu)
 
     @staticmethod
     def backward(ctx, grad_logz, _gmu):
-        if not ctx.needs_input_grad[0]:
+        if grad_logz is None or not ctx.needs_input_grad[0]:
             return None, None, None, None
         s, valid, nodes, mu = ctx.saved_tensors
         if torch.is_grad_enabled():

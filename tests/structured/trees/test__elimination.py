@@ -33,6 +33,7 @@ from perturb.structured.trees.matrix_tree import (  # noqa: E402
     spanning_tree_marginals,
 )
 import perturb.structured.trees._elimination as te  # noqa: E402
+from perturb.structured.trees._inverse import BLOCK_MIN  # noqa: E402
 from perturb.structured.trees.structures import enumerate_arborescences  # noqa: E402
 
 D = torch.float64
@@ -64,6 +65,10 @@ def _reference_cases(generator):
     for n, scale, root in ((8, 30, 0), (24, 20, 5), (64, 20, 0), (64, 50, 17)):
         s = scale * torch.randn(6, n, n, dtype=D, generator=generator)
         cases.append((s, _valid(n, root, (6,)), None, root))
+    # the inverse of the eliminated part by blocks (from BLOCK_MIN nodes on)
+    n = BLOCK_MIN + 4
+    s = 20 * torch.randn(3, n, n, dtype=D, generator=generator)
+    cases.append((s, _valid(n, 3, (3,)), None, 3))
     n = 20
     s = 25 * torch.randn(5, n, n, dtype=D, generator=generator)
     nodes = torch.arange(n) < torch.tensor([20, 12, 3, 16, 7])[:, None]

@@ -7,6 +7,7 @@ import torch
 
 from perturb.structured.trees import _matrix_tree as eng
 from perturb.structured.trees._elimination import elimination_log_partition
+from perturb.structured.trees._inverse import BLOCK_MIN
 from perturb.structured.trees.matrix_tree import (
     arborescence_log_partition,
     arborescence_marginals,
@@ -78,6 +79,9 @@ def _nested_cycles(a, b, generator):
 def _peaked_cases(generator):
     cases = [s * torch.randn(16, n, n, dtype=D, generator=generator)
              for n in (8, 32, 64) for s in (5, 10, 20, 30, 50)]
+    # from BLOCK_MIN nodes on, the inverse is formed by blocks
+    cases += [s * torch.randn(6, n, n, dtype=D, generator=generator)
+              for n in (BLOCK_MIN, 130) for s in (1, 10, 20)]
     cases.append(torch.stack([_nested_cycles(a, b, generator)
                               for a, b in ((5, 15), (3, 20), (8, 25), (10, 30))]))
     return cases
@@ -99,6 +103,12 @@ def test_lu_accepted_only_where_accurate(generator):
         ok = ~bad
         assert ((mu - mu_e).abs().amax((-1, -2))[ok] <= 1e-9).all()
         assert ((logz - logz_e).abs()[ok] <= 1e-9 * logz_e.abs().clamp_min(1)[ok]).all()
+        # the marginals' path (the inverse without log-determinant) passes the same check
+        mu, _, _, _, bad = eng.lu_solve(s, v, None, 0, need_logz=False)
+        ok = ~bad
+        assert ((mu - mu_e).abs().amax((-1, -2))[ok] <= 1e-9).all()
+        if s.shape[-1] >= BLOCK_MIN and float(s.abs().max()) < 10:
+            assert ok.all()     # unit-scale scores: no element left the fast path
 
 
 @pytest.mark.parametrize("n,scale", [(8, 30), (64, 20), (64, 50), (130, 20)])
