@@ -7,7 +7,7 @@ data-dependent shortcuts take their general path (:func:`perturb._validation.rea
 """
 import pytest
 import torch
-from torch.func import jacfwd, jacrev, vmap
+from torch.func import grad, jacfwd, jacrev, vmap
 
 import perturb
 from perturb import structured
@@ -15,6 +15,7 @@ from perturb import structured
 G = torch.Generator().manual_seed(0)
 X = torch.randn(3, 4, 6, dtype=torch.float64, generator=G)
 W = torch.randn(3, 4, 5, 5, dtype=torch.float64, generator=G)
+X7 = torch.randn(3, 4, 7, dtype=torch.float64, generator=G)       # correlated top-k: 2d − 1
 
 CASES = {
     "softmax": (lambda x: perturb.softmax(x, tau=0.5), X, True),
@@ -29,6 +30,17 @@ CASES = {
     "arborescence_marginals": (lambda w: structured.arborescence_marginals(w, root=1), W, False),
     "peaked arborescence_marginals": (
         lambda w: structured.arborescence_marginals(20 * w), W, False),
+    # the log-partition functions, whose gradients are the marginals above
+    "ksubset_log_partition": (lambda x: structured.ksubset_log_partition(x, 2), X, False),
+    "correlated_topk_log_partition": (
+        lambda x: structured.correlated_topk_log_partition(x, 2), X7, False),
+    "dag_path_log_partition": (lambda w: structured.dag_path_log_partition(w), W, False),
+    "spanning_tree_log_partition": (lambda w: structured.spanning_tree_log_partition(w), W,
+                                    False),
+    "arborescence_log_partition": (
+        lambda w: structured.arborescence_log_partition(w, root=1), W, False),
+    "peaked arborescence_log_partition": (
+        lambda w: structured.arborescence_log_partition(20 * w), W, False),
 }
 
 
@@ -49,6 +61,23 @@ def test_jacobians_match_autograd(name):
     assert float(expected.abs().sum()) > 0
     if forward_mode:
         torch.testing.assert_close(jacfwd(fn)(x0), expected)
+
+
+LOG_PARTITIONS = sorted(k for k in CASES if k.endswith("log_partition"))
+
+
+@pytest.mark.parametrize("name", LOG_PARTITIONS)
+def test_per_example_gradients_of_log_partitions(name):
+    """vmap(grad(log Z)), the per-example gradient idiom, equals autograd's gradient of the
+    batched call (the marginals), and jacrev(jacrev(log Z)) autograd's Hessian."""
+    fn, x, _ = CASES[name]
+    leaf = x.clone().requires_grad_(True)
+    expected, = torch.autograd.grad(fn(leaf).sum(), leaf)
+    torch.testing.assert_close(vmap(grad(lambda a: fn(a).sum()))(x), expected)
+    x0 = x[0, 0]
+    hess = torch.autograd.functional.hessian(fn, x0)
+    assert float(hess.abs().sum()) > 0
+    torch.testing.assert_close(jacrev(jacrev(fn))(x0), hess)
 
 
 def test_vmap_tree_marginals_with_lengths_and_mask():

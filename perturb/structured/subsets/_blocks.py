@@ -154,11 +154,15 @@ def _children(w: torch.Tensor, nb: int) -> torch.Tensor:
 
 def _root_state(levels: list[torch.Tensor], k: int) -> torch.Tensor:
     """The root's state probabilities ``(2, 2, m, 1, B)``: s = 0, c = k, u by its softmax."""
-    root = levels[-1]
     q = torch.softmax(_root_logits(levels, k), -1)                       # (B, u)
-    out = torch.zeros_like(root)
-    out[0, :, k, 0] = q.t()
-    return out
+    return _at_root(q, levels[-1].shape[2], k)
+
+
+def _at_root(q: torch.Tensor, m: int, k: int) -> torch.Tensor:
+    """``(2, 2, m, 1, B)`` zeros but ``q.t()`` ``(u, B)`` at [s = 0, :, c = k, 0]; built out of
+    place, so that a vmapped ``q`` (a tangent under torch.func) makes a vmapped result."""
+    col = F.pad(q.t().unsqueeze(1), (0, 0, k, m - k - 1))               # (u, m, B)
+    return torch.stack([col, torch.zeros_like(col)]).unsqueeze(3)
 
 
 def _extract(prob: torch.Tensor) -> torch.Tensor:
@@ -239,8 +243,7 @@ def _marginals_jvp(levels: list[torch.Tensor], weights: list[torch.Tensor],
     q = torch.softmax(_root_logits(levels, k), -1)                       # (B, u)
     dr = _root_logits(dlevels, k)
     dq = q * (dr - (q * dr).sum(-1, keepdim=True))
-    dprob = torch.zeros_like(probs[0])
-    dprob[0, :, k, 0] = dq.t()
+    dprob = _at_root(dq, probs[0].shape[2], k)
     for x, W, ds, dt, prob in zip(reversed(levels[:-1]), reversed(weights), reversed(dscores),
                                   reversed(dlevels[1:]), probs[:-1]):
         # ẇ = W (proḃ + prob (ṡ − Ṫ_parent)), in place in ṡ (a temporary of this function)

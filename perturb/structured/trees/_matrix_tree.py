@@ -21,6 +21,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from perturb._validation import traced
+from perturb._vmap import fold_vmap
 from perturb.structured.trees import _ops
 from perturb.structured.trees._elimination import (
     ReducedState,
@@ -158,7 +159,8 @@ def lu_solve(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None, r
     inverse's log-determinant (:func:`._inverse.inverse`), when ``need_logz``; otherwise
     log Z = 0): a singular factorisation, a non-finite value, a marginal outside [0, 1], a
     column of μ not summing to 1 (an identity of the exact inverse:
-    Σ_i P_ij (G_jj − G_ji) = (G(I − P̂))_jj), a non-positive determinant, or an error estimate 4·max(n, 8)·eps·‖G‖₁ above
+    Σ_i P_ij (G_jj − G_ji) = (G(I − P̂))_jj), a non-positive determinant, or an error
+    estimate 4·max(n, 8)·eps·‖G‖₁ above
     ``ERROR_BUDGET`` (:func:`_error_estimate`; the column-sum identity alone can hold for a
     wrong inverse of a nearly singular matrix).
 
@@ -377,9 +379,15 @@ class _TreeLogPartition(torch.autograd.Function):
             return None, None, None, None
         s, valid, nodes, mu = ctx.saved_tensors
         if torch.is_grad_enabled():
-            nodes = nodes if ctx.has_nodes else None
-            mu = _TreeMarginals.apply(s, valid, nodes, ctx.root)[0]
+            # differentiable μ; under torch.func the opaque operator (vmap folded)
+            mu = marginals(s, valid, nodes if ctx.has_nodes else None, ctx.root, "analytic")
         return grad_logz[..., None, None] * mu, None, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, s, valid, nodes, root):
+        # the vmapped dim folds into the batch (the scores carry it; the masks broadcast)
+        return fold_vmap(_TreeLogPartition.apply, info, in_dims, (s, valid, nodes, root),
+                         expand=(0,), broadcast=(1, 2))
 
 
 def log_partition(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None,
