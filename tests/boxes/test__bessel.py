@@ -107,3 +107,27 @@ def test_table_pieces_join_and_chunks_agree(monkeypatch):
     chunked = vol._log_k0_exp(u)
     for a, b in zip(whole, chunked):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("shape", [(37,), (6, 7), (2, 5, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_small_regime_rows_match_the_branch_free_path(shape, dtype, monkeypatch):
+    """Below u = −20 the CPU path fixes only the rows that hold such a u (gathered and
+    written back); the branch-free path (CUDA, compile, torch.func) selects with ``where``
+    over every element. Same values to the bit, for value, slope and both, any rank."""
+    from perturb.boxes import _bessel
+    g = torch.Generator().manual_seed(0)
+    u = (torch.rand(shape, generator=g, dtype=torch.float64) * 40 - 15).to(dtype)
+    flat = u.view(-1)
+    flat[::5] = -20.0 - torch.rand(flat[::5].shape, generator=g, dtype=torch.float64).to(dtype) * 50
+    flat[1] = 40.0                                         # the regime above the table too
+    got = [_log_k0_exp(u, value=v, slope=s) for v, s in ((True, True), (True, False),
+                                                         (False, True))]
+    monkeypatch.setattr(_bessel, "reads_stall", lambda t: True)
+    want = [_log_k0_exp(u, value=v, slope=s) for v, s in ((True, True), (True, False),
+                                                          (False, True))]
+    for pair_got, pair_want in zip(got, want):
+        for a, b in zip(pair_got, pair_want):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert torch.equal(a, b)
