@@ -265,7 +265,9 @@ def _small_regime(u: torch.Tensor, g: torch.Tensor | None, q: torch.Tensor | Non
             gg.index_put_(rows, torch.where(small, torch.log(t), gg[rows]))
         if qq is not None:
             qq.index_put_(rows, torch.where(small, t.reciprocal(), qq[rows]))
-        return g, q
+        # contiguous, as the where of the branch-free path leaves it: a sum of g along a
+        # dimension (a log volume) then runs in the same order, so the two paths agree to the bit
+        return (None if g is None else g.contiguous()), q
     small = u < _TAB_LO
     t = _C_SMALL - u.clamp(max=_TAB_LO)
     if g is not None:
