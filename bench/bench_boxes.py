@@ -26,9 +26,10 @@ analytic backward, the nested-negative log(1 − P) fused on its candidate rows)
 """
 from __future__ import annotations
 
-import torch
-
 import statistics
+import time
+
+import torch
 
 from bench._timing import count_ops, count_syncs, device, row, time_interleaved, time_ms
 from perturb._validation import set_validation
@@ -138,6 +139,35 @@ _SYNC_NOTE = ("syncs/step: the CPU fused Adam's reads of its step counter (the p
               "nested-negative candidates (all branch-free where reads stall: CUDA, compile)")
 
 
+def _floor_scorer(model):
+    """A pair score with the shapes of the Gumbel one and none of its work (the same gathered
+    boxes, a width sum): a trainer using it measures the rest of a step, the floor under any
+    faster pair score (sampler, gathers, gradient scatter, Adam)."""
+    from perturb.boxes.hierarchy.model import PairScores
+
+    def score(child, parent, n_pos, validate=False):
+        box = model.gather(torch.cat([child, parent]), validate=False)
+        w = (box.upper - box.lower).sum(-1)
+        n = child.shape[0]
+        log_p = (w[:n] - w[n:]).clamp(max=0.0) * 1e-3
+        return PairScores(log_p, log_p[n_pos:] - 1.0)
+    return score
+
+
+def _cpu_step_ms(fns: dict, batches: list, skip: int = 10) -> dict[str, float]:
+    """Median CPU time (``time.thread_time``) of one step of each function, called in
+    alternation on the same batches (order reversed every other batch). On a shared machine
+    CPU time is much steadier than wall time, which counts the waits for a core."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for i, b in enumerate(batches):
+        for k in (list(fns) if i % 2 == 0 else list(fns)[::-1]):
+            t0 = time.thread_time()
+            fns[k](b)
+            if i >= skip:
+                times[k].append(time.thread_time() - t0)
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+
+
 def _peer_loop_rows(quick: bool) -> list[dict]:
     """One epoch of our trainer against the hand-written box-embeddings loop (issue 29)."""
     from bench._box_peer import PeerLoop
@@ -204,6 +234,16 @@ def _peer_loop_rows(quick: bool) -> list[dict]:
     ops = {"ours": count_ops(our_step), "peer": count_ops(peer_step),
            "lazy": count_ops(lazy_step)}
     syncs = {"ours": count_syncs(our_step), "peer": count_syncs(peer_step)}
+    # CPU time per step, interleaved step by step, after the timed epochs (nested negatives
+    # present): ours without diagnostics, the floor (ours with a free pair score), the peer
+    floor = ours(cfg.replace(diagnostics_every=0))
+    floor.scorer = _floor_scorer(floor.model)
+    perm = torch.randperm(pos.shape[0], generator=torch.Generator().manual_seed(3))
+    step_batches = [pos[i] for i in perm.split(batch)][:40 if quick else 160]
+    with set_validation(False):
+        cpu = _cpu_step_ms({"ours": lambda b: plain.step(b), "floor": lambda b: floor.step(b),
+                            "peer": peers["approx"].step}, step_batches)
+    n_cpu = len(step_batches) - 10
     setting = (f"{what}; batch {batch}, {k} negatives, d={dim}, Gumbel β={beta}, "
                f"β_vol={vbeta}, {span}")
     peer_name = "box-embeddings 0.1.0 hand-written loop (BesselApproxVolume, Adam)"
@@ -236,6 +276,17 @@ def _peer_loop_rows(quick: bool) -> list[dict]:
         row(f"same, sparse_adam vs the peer loop with SparseAdam ({setting})", ms["lazy_plain"],
             "box-embeddings loop, F.embedding(sparse=True) + torch.optim.SparseAdam",
             ms["sparse"], note="both lazy, same update rule; ours without diagnostics"),
+        row(f"one step, CPU time (thread_time), diagnostics_every=0 ({what}; batch {batch}, "
+            f"{k} negatives, d={dim}, Gumbel β={beta}, β_vol={vbeta})", cpu["ours"], peer_name,
+            cpu["peer"], note=f"medians of {n_cpu} steps taken in alternation with the peer's "
+                              f"on the same batches, after the timed epochs; CPU time, not wall "
+                              f"time, so that a shared machine's waits for a core do not count"),
+        row(f"the floor of a step: ours with a free pair score, CPU time ({what}; batch "
+            f"{batch}, {k} negatives, d={dim})", cpu["floor"], peer_name, cpu["peer"],
+            note=f"the same trainer with a width sum in place of the Gumbel pair score "
+                 f"(bench_boxes._floor_scorer): sampler, gathers, gradient scatter, Adam; no "
+                 f"pair score can take a step below it; our step's Gumbel-specific part = "
+                 f"{cpu['ours'] - cpu['floor']:.1f} ms"),
     ]
 
 

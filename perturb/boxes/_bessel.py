@@ -232,12 +232,47 @@ def _log_k0_exp(u: torch.Tensor, value: bool = True, slope: bool = True
         if beyond:
             g = g - math.exp(um) * (u - um).clamp(min=0.0)
     if below:
-        small = u < _TAB_LO
-        t = _C_SMALL - u.clamp(max=_TAB_LO)
-        if g is not None:
-            g = torch.where(small, torch.log(t), g)
-        if q is not None:
-            q = torch.where(small, t.reciprocal(), q)
+        g, q = _small_regime(u, g, q)
+    return g, q
+
+
+def _small_regime(u: torch.Tensor, g: torch.Tensor | None, q: torch.Tensor | None
+                  ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``g`` and ``q`` of :func:`_log_k0_exp` with the small-argument form where u < −20:
+    g = log t, q = 1/t, t = log 2 − u − γ (the same values either way).
+
+    Where host reads are free, only the rows (along the last dim) holding such a u are
+    gathered, fixed and written back into ``g`` and ``q`` (fresh tensors, in place): wide
+    sides are rare (17 of a WordNet step's 112,640 widths), and the full-size ``where``,
+    ``log`` and reciprocal cost more than finding their rows (:func:`_log_k0_exp` of those
+    widths: 1.38 against 1.48 ms, fastest of 300 in alternation, one CPU thread). Elsewhere
+    (CUDA, compile, torch.func): full-size, branch-free."""
+    if u.dim() and not reads_stall(u):
+        # rows of the last dim (1-D: rows of one element), views of u, g and q
+        uu, gg, qq = ((u, g, q) if u.dim() > 1 else
+                      tuple(None if x is None else x.unsqueeze(-1) for x in (u, g, q)))
+        assert uu is not None
+        # a row holds a wide side iff its count of them is > 0: a matrix-vector product of
+        # the flags (exact counts), about 2x faster than amin along a short last dim
+        hits = uu.lt(_TAB_LO).to(uu.dtype)
+        count = (hits.reshape(-1, hits.shape[-1]) @ hits.new_ones(hits.shape[-1]))
+        rows = count.reshape(hits.shape[:-1]).nonzero(as_tuple=True)
+        us = uu[rows]
+        small = us < _TAB_LO
+        t = _C_SMALL - us.clamp(max=_TAB_LO)
+        if gg is not None:
+            gg.index_put_(rows, torch.where(small, torch.log(t), gg[rows]))
+        if qq is not None:
+            qq.index_put_(rows, torch.where(small, t.reciprocal(), qq[rows]))
+        # contiguous, as the where of the branch-free path leaves it: a sum of g along a
+        # dimension (a log volume) then runs in the same order, so the two paths agree to the bit
+        return (None if g is None else g.contiguous()), q
+    small = u < _TAB_LO
+    t = _C_SMALL - u.clamp(max=_TAB_LO)
+    if g is not None:
+        g = torch.where(small, torch.log(t), g)
+    if q is not None:
+        q = torch.where(small, t.reciprocal(), q)
     return g, q
 
 

@@ -52,8 +52,7 @@ from torch.autograd.function import once_differentiable
 from perturb._math import exp_floored, log_expm1, logaddexp2
 from perturb._validation import reads_stall
 from perturb.boxes._bessel import _log_k0_exp, _log_neg_g_prime
-from perturb.boxes.box import Box
-from perturb.boxes.intersections import _NESTED, _log1m_containment, _neg_softplus_gap_
+from perturb.boxes.intersections import _NESTED, _neg_softplus_gap_
 from perturb.boxes.volumes import _SOFTPLUS_TAIL, _log_softplus
 
 _LOG2 = math.log(2.0)
@@ -240,6 +239,53 @@ class _GumbelLog1mNested(torch.autograd.Function):
                 None, None)
 
 
+def _log1m_far_forward(log_p: torch.Tensor) -> torch.Tensor:
+    """log(1 − P) = log1mexp(log P) where log P < 0, −inf where P = 1 (the values of
+    :func:`~perturb.boxes.intersections._log1m_containment` without a box model, bit for bit:
+    each branch is evaluated on the same inputs and selected by the same masks)."""
+    near = log_p > -_LOG2
+    value = torch.where(near, torch.log(-torch.expm1(log_p)),
+                        torch.log1p(-exp_floored(log_p)))
+    return value.masked_fill_(~(log_p < 0), -math.inf)
+
+
+def _log1m_far_backward(grad: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
+    """Gradient of :func:`_log1m_far_forward`: d/dx log(1 − eˣ) = −1/expm1(−x) for x < 0
+    (−eˣ/(1 − eˣ) without the cancellation of 1 − eˣ near 0), 0 where P = 1."""
+    slope = torch.expm1(log_p.neg()).reciprocal_().neg_()
+    return grad * slope.masked_fill_(~(log_p < 0), 0.0)
+
+
+class _Log1mFar(torch.autograd.Function):
+    """log(1 − P) from log P <= 0 of the negative pairs (:func:`_log1m_far_forward`), one
+    node: the composition's two-branch ``where`` chain records about ten autograd nodes on a
+    step's 5,120 negatives. Once differentiable."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(log_p: torch.Tensor) -> torch.Tensor:
+        return _log1m_far_forward(log_p)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (log_p,) = ctx.saved_tensors
+        return _log1m_far_backward(grad, log_p)
+
+
+def _nested_candidates(d_lo: torch.Tensor, d_hi: torch.Tensor, bound: float) -> torch.Tensor:
+    """``max_i max(−d_lo_i, d_hi_i) <= bound`` per row of ``(k, d)`` corner gaps, as a count
+    of the coordinates above the bound (a matrix-vector product of the flags, exact): the
+    same mask as ``amax(dim=-1) <= bound``, about 2× faster along a short last dim."""
+    over = torch.maximum(d_lo.neg(), d_hi).gt_(bound).to(d_lo.dtype)
+    return (over @ over.new_ones(over.shape[-1])) == 0
+
+
 def gumbel_pair_scores(lower: torch.Tensor, upper: torch.Tensor, n_pos: int, beta: float,
                        vbeta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(log P, log(1 − P))`` of the pairs (child ``i``, parent ``P + i``) of the boxes
@@ -261,11 +307,9 @@ def gumbel_pair_scores(lower: torch.Tensor, upper: torch.Tensor, n_pos: int, bet
     """
     log_p, _, _, d_lo, d_hi = _apply(lower, upper, beta, vbeta)
     n = log_p.shape[0]
-    a = Box._trusted(lower[n + n_pos:], upper[n + n_pos:])       # parents of the negatives
-    b = Box._trusted(lower[n_pos:n], upper[n_pos:n])             # their children
-    far = _log1m_containment(log_p[n_pos:], a, b, None, None, False)
+    far = _Log1mFar.apply(log_p[n_pos:])
     bound = beta * (log_expm1(_NESTED * vbeta / beta) + 1e-3)
-    cand = torch.maximum(d_lo[n_pos:].neg(), d_hi[n_pos:]).amax(dim=-1) <= bound
+    cand = _nested_candidates(d_lo[n_pos:], d_hi[n_pos:], bound)
     if reads_stall(log_p):      # CUDA, compile, torch.func: every negative, merged by where
         near, nested = _GumbelLog1mNested.apply(lower[n_pos:n], upper[n_pos:n],
                                                 lower[n + n_pos:], upper[n + n_pos:],

@@ -2,6 +2,8 @@
 log(1 − P) of the negatives, against the composition of the public functions (intersection,
 volume, log_containment_prob, log1m_containment_prob), float64 gradcheck, the backward helper
 against autograd, and extreme inputs."""
+import math
+
 import pytest
 import torch
 
@@ -160,3 +162,47 @@ def test_branch_free_path_matches_the_indexed_one(dtype, generator, monkeypatch)
     for a, b in zip(out[False], out[True]):     # equal up to the vector kernels' rounding
         assert torch.isfinite(b).all()
         torch.testing.assert_close(a, b, rtol=4 * torch.finfo(dtype).eps, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_log1m_far_matches_the_composition(dtype):
+    """The one-node log(1 − P) of the negatives far from nesting: the values of
+    ``_log1m_containment`` (no box model) bit for bit, −inf with a zero gradient at P = 1, and
+    the gradient of the composition (autograd through its where chain) to rounding."""
+    from perturb.boxes._gumbel_pairs import _Log1mFar
+    from perturb.boxes.box import Box
+    from perturb.boxes.intersections import _log1m_containment
+    x = torch.cat([torch.tensor([0.0, -1e-30, -1e-7, -0.5, -math.log(2.0), -0.7, -3.0, -80.0,
+                                 -120.0, -1e4, -1e30]),
+                   -torch.logspace(-6, 3, 200, dtype=torch.float64)]).to(dtype)
+    box = Box(torch.zeros(x.shape[0], 1, dtype=dtype), torch.ones(x.shape[0], 1, dtype=dtype))
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours = _Log1mFar.apply(a)
+    want = _log1m_containment(b, box, box, None, None, False)
+    assert torch.equal(ours, want)
+    assert ours[0] == -math.inf
+    w = torch.linspace(0.5, 2.0, x.shape[0], dtype=dtype)
+    (g_ours,) = torch.autograd.grad(torch.where(torch.isinf(ours), 0.0, ours * w).sum(), a)
+    (g_want,) = torch.autograd.grad(torch.where(torch.isinf(want), 0.0, want * w).sum(), b)
+    assert g_ours[0] == 0 and torch.isfinite(g_ours).all()
+    tol = dict(rtol=1e-12, atol=0.0) if dtype == torch.float64 else dict(rtol=4e-7, atol=0.0)
+    torch.testing.assert_close(g_ours, g_want, **tol)
+
+
+def test_log1m_far_gradcheck_float64():
+    from perturb.boxes._gumbel_pairs import _Log1mFar
+    x = torch.tensor([-1e-6, -0.01, -0.69, -0.7, -2.0, -30.0], dtype=torch.float64,
+                     requires_grad=True)
+    assert torch.autograd.gradcheck(_Log1mFar.apply, (x,), eps=1e-9, atol=1e-6, rtol=1e-6)
+
+
+def test_nested_candidates_match_amax(generator):
+    from perturb.boxes._gumbel_pairs import _nested_candidates
+    for dtype in (torch.float32, torch.float64):
+        d_lo = torch.randn(500, 7, generator=generator, dtype=dtype) * 0.05
+        d_hi = torch.randn(500, 7, generator=generator, dtype=dtype) * 0.05
+        d_lo[:50], d_hi[:50] = d_lo[:50].abs() + 0.03, -d_hi[:50].abs() - 0.03   # inside
+        bound = -0.02
+        want = torch.maximum(d_lo.neg(), d_hi).amax(dim=-1) <= bound
+        assert 50 <= int(want.sum()) < 500
+        assert torch.equal(_nested_candidates(d_lo, d_hi, bound), want)

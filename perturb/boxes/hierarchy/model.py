@@ -246,6 +246,20 @@ class BoxHierarchyModel(nn.Module):
             return self.score_boxes(pb, cb, n_pos, log_child)
         return self.score_boxes(pb, cb, n_pos)
 
+    def _score_corners(self, lower: torch.Tensor, upper: torch.Tensor, n_pos: int = 0
+                       ) -> PairScores:
+        """:meth:`score_boxes` of the boxes ``[lower, upper]`` (``(2P, d)``: the P children,
+        then their P parents; finite), by the fused Gumbel pair score where it applies (one
+        autograd node, the same values and gradients to rounding; the stalled-pair diagnostic
+        of the trainer, whose extra backward over a step's pairs cost as much as the step)."""
+        n = lower.shape[0] // 2
+        beta = self._gumbel_beta
+        if beta is not None and lower.dtype in _FUSED_DTYPES:
+            return PairScores(*gumbel_pair_scores(lower, upper, n_pos, beta,
+                                                  self.volume_beta or beta))
+        return self.score_boxes(Box._trusted(lower[n:], upper[n:]),
+                                Box._trusted(lower[:n], upper[:n]), n_pos)
+
     def score_boxes(self, parent: Box, child: Box, n_pos: int = 0,
                     log_child: torch.Tensor | None = None) -> PairScores:
         """:meth:`score_pairs` for given boxes ``(P, d)``; ``log_child``: the children's log

@@ -226,10 +226,9 @@ def stalled_pairs(model: BoxHierarchyModel, pairs: torch.Tensor, n_pos: int,
         box = model.gather(torch.cat([pairs[:, 0], pairs[:, 1]]), validate=validate)
     with torch.enable_grad():
         corners = [t.detach().requires_grad_() for t in (box.lower, box.upper)]
-        both = Box._trusted(corners[0], corners[1])      # the gathered corners, checked
-        child, parent = both[:pairs.shape[0]], both[pairs.shape[0]:]
-        pos_terms, neg_terms = pair_losses(model.score_boxes(parent, child, n_pos), n_pos,
-                                           model.method)
+        # the gathered corners (checked), children first: the fused Gumbel score where it applies
+        pos_terms, neg_terms = pair_losses(model._score_corners(corners[0], corners[1], n_pos),
+                                           n_pos, model.method)
         # pairs are independent: the gradient of the sum holds each pair's own gradient
         grads = torch.autograd.grad(pos_terms.sum() + neg_terms.sum(), corners,
                                     allow_unused=True)

@@ -130,3 +130,37 @@ def test_sparse_grad_forward_equals_embedding():
     assert m.embedding.param1.grad.is_sparse
     with pytest.raises(ValueError, match="ids"):
         m(torch.tensor([10]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_score_corners_fused_matches_score_boxes(dtype):
+    """The stalled-pair diagnostic scores detached corners with the fused Gumbel pair score:
+    the values and the corner gradients of :meth:`score_boxes` (the composition) to rounding,
+    nested negatives included."""
+    gen = torch.Generator().manual_seed(3)
+    m = BoxHierarchyModel(30, 4, Gumbel(0.01), volume_beta=0.1, init=(0.05, 0.4),
+                          generator=gen, dtype=dtype)
+    child = torch.randint(30, (60,), generator=gen)
+    parent = torch.randint(30, (60,), generator=gen)
+    with torch.no_grad():            # some negatives nested deep inside their parents
+        lo, w = m.embedding.param1, m.embedding.param2
+        lo[:5] = lo[5:10]
+        w[:5] = w[5:10] - 3.0
+    child[10:15], parent[10:15] = torch.arange(5), torch.arange(5, 10)
+    box = m.gather(torch.cat([child, parent]))
+    out = {}
+    for fused in (True, False):
+        corners = [t.detach().clone().requires_grad_() for t in (box.lower, box.upper)]
+        if fused:
+            s = m._score_corners(corners[0], corners[1], 8)
+        else:
+            from perturb.boxes.box import Box
+            s = m.score_boxes(Box(corners[0][60:], corners[1][60:]),
+                              Box(corners[0][:60], corners[1][:60]), 8)
+        w8 = torch.linspace(0.5, 1.5, 52, dtype=dtype)
+        g = torch.autograd.grad(s.log_p.sum() + (s.log1m_p * w8).sum(), corners)
+        out[fused] = (s.log_p, s.log1m_p, *g)
+    assert (out[False][1] < -3).sum() >= 3                  # nested negatives are present
+    tol = dict(rtol=1e-9, atol=1e-9) if dtype == torch.float64 else dict(rtol=2e-4, atol=2e-4)
+    for a, b in zip(out[True], out[False]):
+        torch.testing.assert_close(a, b, **tol)

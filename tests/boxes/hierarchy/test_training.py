@@ -512,3 +512,19 @@ def test_sparse_adam_resumes_bit_for_bit(tmp_path, one_thread):
         t.run_epoch()
     for p, q in zip(a.model.parameters(), b.model.parameters()):
         assert torch.equal(p, q)
+
+
+def test_stalled_pairs_same_counts_through_the_composition(monkeypatch):
+    """stalled_pairs scores with the fused Gumbel pair score; the composition (the path of
+    the other box models, here forced) gives the same counts on a trained model's step."""
+    import perturb.boxes.hierarchy.model as model_module
+    g = random_dag(40, 0.08, seed=1)
+    res = train_hierarchy(g, 3, Gumbel(0.01), epochs=3, batch_size=64, seed=0,
+                          progress=False, volume_beta=0.1)
+    gen = torch.Generator().manual_seed(0)
+    from perturb.boxes.hierarchy import edge_index
+    pairs = torch.cat([edge_index(g)[:20], torch.randint(40, (60, 2), generator=gen)])
+    fused = [int(c) for c in stalled_pairs(res.model, pairs, 20)]
+    monkeypatch.setattr(model_module, "_FUSED_DTYPES", ())
+    composed = [int(c) for c in stalled_pairs(res.model, pairs, 20)]
+    assert fused == composed and fused[1] > 0
