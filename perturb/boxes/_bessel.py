@@ -39,7 +39,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from perturb._math import EULER_GAMMA
-from perturb._validation import reads_stall
+from perturb._validation import reads_stall, unreadable
 
 _LOG2 = math.log(2.0)
 # Below this u = log z the small-argument form of K0 is exact to < 1e-17 relative.
@@ -189,6 +189,8 @@ def _horners(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...], idx: torc
     the bit)."""
     if part != 2:
         return _horner(b if part else a, idx, s, None)
+    if unreadable(s):       # torch.func: vmap has no rule for out=, a stack instead
+        return torch.stack([_horner(a, idx, s, None), _horner(b, idx, s, None)])
     out = torch.empty((idx.shape[0], 2), dtype=a[0].dtype, device=a[0].device).T
     out_a, out_b = out.unbind(0)
     _horner(a, idx, s, out_a)

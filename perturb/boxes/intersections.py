@@ -29,7 +29,7 @@ from torch.autograd.function import once_differentiable
 
 from perturb._math import exp_floored, log_expm1, logaddexp2, nan_to_
 from perturb._math import log1mexp as _log1mexp
-from perturb._validation import check_value, reads_stall, validation_enabled
+from perturb._validation import check_value, reads_stall, unreadable, validation_enabled
 from perturb.boxes.box import Box, _broadcast_boxes
 from perturb.boxes._nested_loss import _log1m_ratio
 from perturb.boxes.expected_volumes import _log_expected_volume, _noise_reach, _resolve_noise
@@ -61,6 +61,8 @@ def _neg_softplus_gap_(gap: torch.Tensor, c: float) -> torch.Tensor:
     """−β·softplus(−gap/β) (c = 1/β) written over a fresh ``gap = |a − b|`` buffer."""
     # F.softplus(x, beta) = log1p(exp(beta·x))/beta, here with beta = −c < 0 (x ≥ 0: never
     # above the threshold), written over its input (torch's stub does not list out=)
+    if unreadable(gap):
+        return torch.nn.functional.softplus(gap, -c, 20.0)
     return torch._C._nn.softplus(gap, -c, 20.0, out=gap)  # type: ignore[call-arg]
 
 
@@ -122,15 +124,21 @@ def _gumbel_intersection_backward(lo_a: torch.Tensor, hi_a: torch.Tensor, lo_b: 
     # equal infinite corners (∞ − ∞ = NaN) share the gradient: weight 1/2
     if g_lower is not None and (needs[0] or needs[2]):
         w = torch.sigmoid(nan_to_((lo_a - lo_b).mul_(c), 0.0))
-        g_lo_a = w.mul_(g_lower)
+        g_lo_a = _times(w, g_lower)
         g_lo_b = g_lower - g_lo_a if needs[2] else None
         g_lo_a = g_lo_a if needs[0] else None
     if g_upper is not None and (needs[1] or needs[3]):
         w = torch.sigmoid(nan_to_((hi_b - hi_a).mul_(c), 0.0))
-        g_hi_a = w.mul_(g_upper)
+        g_hi_a = _times(w, g_upper)
         g_hi_b = g_upper - g_hi_a if needs[3] else None
         g_hi_a = g_hi_a if needs[1] else None
     return g_lo_a, g_hi_a, g_lo_b, g_hi_b
+
+
+def _times(w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``w · g`` written over the fresh ``w``; a fresh product where ``g`` is batched by
+    torch.func and ``w`` may not be (jacrev's vmap over the incoming gradients)."""
+    return w * g if unreadable(g) else w.mul_(g)
 
 
 def intersection(a: Box, b: Box, beta: float | torch.Tensor | None = None) -> Box:
@@ -274,6 +282,8 @@ def _where_unbounded(out: torch.Tensor, a: Box, b: Box, fn: Callable[[Box, Box],
     rows = nan.reshape(*nan.shape, 1).expand(corners[0].shape)
     cut = [torch.where(rows, c.clamp(-r, r), c) for c in corners]
     limit = fn(Box._trusted(cut[0], cut[1]), Box._trusted(cut[2], cut[3]))
+    if unreadable(out):     # torch.func: a where, which keeps the gradient at ±inf entries
+        return torch.where(torch.isnan(limit), 0.0, limit)
     return nan_to_(limit, 0.0)
 
 
@@ -322,11 +332,15 @@ def _log1m_nested(a: Box, b: Box, beta: float | torch.Tensor, vbeta: float | tor
         log_delta = logaddexp2(_log_softplus(y_lo), _log_softplus(y_hi)) + _log(beta)
         over = log_delta - _log(_NESTED * vbeta)
         nested = over.amax(dim=-1) <= 0
-        # the pairs that are not nested get a harmless log δ (in the nested regime), so that
-        # their unused branch has finite values and gradients (they are multiplied by 0)
-        safe = torch.where(nested.unsqueeze(-1), log_delta, log_delta - over.clamp(min=0.0))
-        return nested, _log1m_first_order(safe, (b.upper - b.lower).expand(full), vbeta,
-                                          approx)
+        # the pairs that are not nested get a harmless log δ (in the nested regime) and width
+        # (1: not an infinite one of an unbounded b), so that their unused branch has finite
+        # values and gradients (they are multiplied by 0)
+        # (log δ − over at its positive entries is log(1e-2·β_vol); taken as that, not as the
+        # difference, which is ∞ − ∞ for the infinite y of an unbounded pair)
+        cap = torch.zeros_like(over) + _log(_NESTED * vbeta)
+        safe = torch.where(nested.unsqueeze(-1) | (over <= 0), log_delta, cap)
+        width = torch.where(nested.unsqueeze(-1), (b.upper - b.lower).expand(full), 1.0)
+        return nested, _log1m_first_order(safe, width, vbeta, approx)
     # δ_i > β·softplus(y) for y = y_lo and y = y_hi, so δ_i <= c = 1e-2·β_vol needs both
     # y < softplus⁻¹(c/β) = log(expm1(c/β)): a cheap test of every pair (a little loose),
     # the exact one (two log softplus per coordinate) only for the pairs that pass it
@@ -424,8 +438,15 @@ def _log1m_noise(a: Box, b: Box, noise: Noise) -> torch.Tensor:
     finite = torch.stack([torch.isfinite(c).all(-1) for c in corners]).all(0)
     far = None
     if _any((~finite).any()):
-        far = _log1m_containment(log_containment_prob(a, b, noise=noise), a, b, None, None,
-                                 False)
+        a_far, b_far = a, b
+        if unreadable(finite):
+            # inside torch.func every row takes this branch: the finite rows (dropped below)
+            # as a pair with 0 < P < 1, so that their gradients through it are 0, not 0·inf
+            unb = [torch.where(finite.unsqueeze(-1), fill, c)
+                   for c, fill in zip(corners, (0.0, 1.0, 0.5, 1.5))]
+            a_far, b_far = Box._trusted(unb[0], unb[1]), Box._trusted(unb[2], unb[3])
+        far = _log1m_containment(log_containment_prob(a_far, b_far, noise=noise), a_far, b_far,
+                                 None, None, False)
         if not _any(finite.any()):
             return far
     rows = finite.unsqueeze(-1)

@@ -39,7 +39,7 @@ from torch.autograd.function import once_differentiable
 
 from perturb._math import EULER_GAMMA, exp_floored, nan_to_
 from perturb._precision import full_precision
-from perturb._validation import broadcasts_to, check_choice, check_tau
+from perturb._validation import broadcasts_to, check_choice, check_tau, unreadable
 from perturb.boxes._bessel import (_any, _log_k0_exp, _log_k0_exp_slope, _LogK0Exp,
                                    _LogNegGPrime)
 from perturb.boxes.box import Box, _check_corner, _width
@@ -176,7 +176,10 @@ def _log_volume_backward(aux: torch.Tensor, grad_out: torch.Tensor, scale: float
     if exact:
         q = aux if is_slope else _log_k0_exp_slope(aux)
         return q * (grad_out * (0.5 / scale)).unsqueeze(-1)
-    return _log_softplus_grad(aux).mul_((grad_out / scale).unsqueeze(-1))
+    g = (grad_out / scale).unsqueeze(-1)
+    if unreadable(g):       # torch.func: g may be batched where aux is not (jacrev)
+        return _log_softplus_grad(aux) * g
+    return _log_softplus_grad(aux).mul_(g)
 
 
 def _as_scale(value: float | torch.Tensor, name: str, like: torch.Tensor) -> float | torch.Tensor:
