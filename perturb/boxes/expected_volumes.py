@@ -75,6 +75,7 @@ from perturb._deprecation import warn_future
 from perturb._validation import reads_stall, unreadable
 from perturb.boxes import _bounded_sides, _negexp_sides
 from perturb.boxes._bessel import _any
+from perturb.boxes._folded_sides import folded_log_sides
 from perturb.boxes._logistic_sides import logistic_log_side2
 from perturb.boxes._noise_sides import side_closed_form
 from perturb.boxes._side_integral import _log_cdf, log_side
@@ -350,6 +351,8 @@ def _log_expected_volume(lowers: list[torch.Tensor], uppers: list[torch.Tensor],
         up = torch.where(special, 1.0, up)
     if type(noise) is Gumbel:           # the closed form (a subclass may change the law)
         sides = _gumbel_log_sides(lo, up, noise.scale)
+    elif general and unreadable(lo):    # torch.func: the eager engine, folded (one node)
+        sides = folded_log_sides(lo.to(_F64), up.to(_F64), noise, _log_sides).to(lo.dtype)
     else:
         sides = _log_sides(lo.to(_F64), up.to(_F64), noise).to(lo.dtype)
     if general:

@@ -31,6 +31,7 @@ from perturb._math import exp_floored, log_expm1, logaddexp2, nan_to_
 from perturb._math import log1mexp as _log1mexp
 from perturb._validation import check_value, reads_stall, unreadable, validation_enabled
 from perturb.boxes.box import Box, _broadcast_boxes
+from perturb.boxes._folded_sides import folded_pairs
 from perturb.boxes._nested_loss import _log1m_ratio
 from perturb.boxes.expected_volumes import _log_expected_volume, _noise_reach, _resolve_noise
 from perturb.boxes.volumes import (_any, _as_scale, _log, _log_gumbel_side_slope, _log_softplus,
@@ -452,7 +453,10 @@ def _log1m_noise(a: Box, b: Box, noise: Noise) -> torch.Tensor:
     rows = finite.unsqueeze(-1)
     safe = [torch.where(rows, c, fill).to(torch.float64)
             for c, fill in zip(corners, (0.0, 1.0, 0.0, 1.0))]
-    near = _log1m_ratio(safe[0], safe[1], safe[2], safe[3], noise).to(a.dtype)
+    if unreadable(finite):      # torch.func: the eager engine, folded (one node)
+        near = folded_pairs(_log1m_ratio, noise, *safe).to(a.dtype)
+    else:
+        near = _log1m_ratio(safe[0], safe[1], safe[2], safe[3], noise).to(a.dtype)
     return near if far is None else torch.where(finite, near, far)
 
 
