@@ -66,7 +66,6 @@ from typing import Callable
 
 import torch
 
-from perturb._validation import unreadable
 from perturb.boxes._bessel import _any
 from perturb.noise._quadrature import gl_pieces
 
@@ -235,25 +234,16 @@ def _log_side_units(c: torch.Tensor, d: torch.Tensor, e: torch.Tensor, cd: torch
     sd, se, scd = (torch.where(small_d, d, e), torch.where(small_d, e, d),
                    torch.where(small_d, cd, ce))
     out = torch.zeros_like(c)
-    # each regime's function, its arguments, and a point inside the regime (c = 0) that
-    # stands in for the other regimes' elements under torch.func (finite values, no gradient)
-    cases: list[tuple[torch.Tensor, Callable[..., torch.Tensor], tuple[torch.Tensor, ...],
-                      tuple[float, ...]]] = [
-        (~small_d & ~small_e, _log_direct, (c, d, e, cd, ce, cde), (0.0, 1.0, 1.0, 1.0, 1.0, 2.0)),
-        (small_d ^ small_e, _log_one_small, (sd, se, scd, cde), (0.25, 1.0, 0.25, 1.25)),
-        (small_d & small_e, _log_both_small, (d, e, cd), (0.25, 0.25, 0.25))]
-    if unreadable(c):       # inside torch.func: no nonzero; every regime, then a where
-        for mask, fn, args, inside in cases:
-            fn_out = fn(*(torch.where(mask, a, v) for a, v in zip(args, inside)))
-            out = torch.where(mask, fn_out, out)
-        return out
-    for mask, fn, args, _ in cases:
+    cases = [(~small_d & ~small_e, lambda i: _log_direct(c[i], d[i], e[i], cd[i], ce[i], cde[i])),
+             (small_d ^ small_e, lambda i: _log_one_small(sd[i], se[i], scd[i], cde[i])),
+             (small_d & small_e, lambda i: _log_both_small(d[i], e[i], cd[i]))]
+    for mask, fn in cases:
         if not _any(mask.any()):
             continue
         if not _any((~mask).any()):
-            return fn(*args)
+            return fn(slice(None))
         idx = mask.nonzero(as_tuple=True)
-        out = out.index_put(idx, fn(*(a[idx] for a in args)))
+        out = out.index_put(idx, fn(idx))
     return out
 
 

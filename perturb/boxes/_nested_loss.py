@@ -13,7 +13,7 @@ import math
 import torch
 
 from perturb._math import log1mexp
-from perturb._validation import reads_stall, unreadable
+from perturb._validation import reads_stall
 from perturb.boxes import expected_volumes as _ev
 from perturb.boxes._bessel import _any
 from perturb.boxes._logistic_sides import logistic_log_loss
@@ -45,14 +45,6 @@ def _log1m_ratio(lo_a: torch.Tensor, up_a: torch.Tensor, lo_b: torch.Tensor,
     if not _any((~far).any()):
         return out
     if log_p.dim() == 0 or reads_stall(log_p):
-        if unreadable(log_p):
-            # torch.func: the far pairs (dropped) as b = [1/4, 3/4] inside a = [0, 1] with log
-            # sides 0, whose loss is finite or −inf with a zero gradient (their own, with
-            # log_ab = −inf for disjoint pairs, give ∞ − ∞ in the cumulative sums)
-            cut = far.unsqueeze(-1)
-            lo_a, up_a = torch.where(cut, 0.0, lo_a), torch.where(cut, 1.0, up_a)
-            lo_b, up_b = torch.where(cut, 0.25, lo_b), torch.where(cut, 0.75, up_b)
-            log_b, log_ab = torch.where(cut, 0.0, log_b), torch.where(cut, 0.0, log_ab)
         near = _log1m_near(lo_a, up_a, lo_b, up_b, log_b, log_ab, noise)
         return torch.where(far, out, near)
     rows = (~far).nonzero(as_tuple=True)

@@ -25,8 +25,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from perturb._validation import unreadable
-from perturb.noise import Noise, Normal
+from perturb.noise import Noise
 
 # Node terms (m·K per side) per block of the CPU's last pass (:func:`log_side`): a block's
 # temporaries, about 0.6 MB each, fit the 1 MB per-core L2 of the bench machine; blocks of
@@ -55,11 +54,7 @@ def _hazard_sum(noise: Noise, z: torch.Tensor, log_cdf: torch.Tensor, log_p: tor
                 ) -> torch.Tensor:
     """``Σ_k p_k f(z_k)/F(z_k)`` over the last dim, given ``log F(z)`` and ``log p``, as one
     exponential per term, in place on the fresh ``z`` (the noise's
-    :meth:`~perturb.noise.Noise._log_hazard_`). Inside torch.func, Normal noise takes the
-    default ``log_prob − log F`` (the same value): its fused form writes with ``out=``, which
-    vmap cannot batch."""
-    if type(noise) is Normal and unreadable(z):
-        return (noise.log_prob(z) - log_cdf + log_p).exp().sum(-1)
+    :meth:`~perturb.noise.Noise._log_hazard_`)."""
     return noise._log_hazard_(z, log_cdf).add_(log_p).exp_().sum(-1)
 
 
@@ -73,10 +68,7 @@ def _log_cdf(noise: Noise, z: torch.Tensor) -> torch.Tensor:
 class _LogSide(torch.autograd.Function):
     """``log Σ_k w_k g(x_k)`` of the module docstring; ``noise`` a Noise with ``log_cdf`` and
     ``log_prob``, differentiable in the corners ``lo``, ``up`` ``(m, *batch, d)`` (float64)
-    only: the nodes ``x`` and log weights ``log_w`` ``(*batch, d, K)`` are constants.
-    Plain torch ops (in place on fresh buffers only), so torch.func generates its vmap rule."""
-
-    generate_vmap_rule = True
+    only: the nodes ``x`` and log weights ``log_w`` ``(*batch, d, K)`` are constants."""
 
     @staticmethod
     def forward(lo: torch.Tensor, up: torch.Tensor, x: torch.Tensor, log_w: torch.Tensor,
@@ -123,7 +115,7 @@ def log_side(lo: torch.Tensor, up: torch.Tensor, x: torch.Tensor, log_w: torch.T
     batch, (m, k) = x.shape[:-1], (lo.shape[0], x.shape[-1])
     rows = x[..., 0].numel()
     step = max(1, _BLOCK // (m * k)) if x.device.type == "cpu" else rows
-    if step >= rows or unreadable(lo):     # torch.func: one block (no loop over the batch)
+    if step >= rows:
         return _LogSide.apply(lo, up, x.detach(), log_w.detach(), noise)[0]
     lo, up = lo.reshape(m, rows), up.reshape(m, rows)
     x, log_w = x.detach().reshape(rows, k), log_w.detach().reshape(rows, k)

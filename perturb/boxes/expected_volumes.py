@@ -186,15 +186,14 @@ def _log_sides(lo: torch.Tensor, up: torch.Tensor, noise: Noise) -> torch.Tensor
     left, right = lo.detach().amax(0), up.detach().amin(0)
     wide = (right - left) >= 2.0 * (high - low)
     bulk = None
-    general = unreadable(lo)        # torch.func: no host reads, both branches
-    if general or bool(wide.any()):
+    if bool(wide.any()):
         # E[min U] − E[max L], about a reference point so that far-away boxes keep their digits
         # the noise's engine: these scores come from checked boxes (no second value check)
         c = left.unsqueeze(0)
         e_max_l = noise._expected_max((lo - c).movedim(0, -1))
         e_min_u = -noise._expected_max((c - up).movedim(0, -1))
         bulk = torch.log(torch.where(wide, e_min_u - e_max_l, torch.ones_like(left)))
-        if not general and bool(wide.all()):
+        if bool(wide.all()):
             return bulk
     a = torch.minimum(left, right) + low
     b = torch.maximum(left, right) - low
@@ -242,9 +241,9 @@ def _locate(log_fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor, b: 
     """[a, b] narrowed onto the peak of ``exp(log_fn)`` by ``_ZOOMS`` locating passes without
     autograd (:func:`_log_integral`)."""
     def panels(a: torch.Tensor, b: torch.Tensor, least: int) -> int:
-        return _panels(a, b, width, least)
+        span = float((b - a).max()) if a.numel() else 0.0         # an empty batch: any grid
+        return min(_MAX_PANELS, max(least, math.ceil(span / width)))
 
-    general = unreadable(a)
     for i in range(_ZOOMS):
         n = _ZOOM_PANELS if coarse else panels(a, b, 1 if i == 0 else _ZOOM_PANELS)
         with torch.no_grad():
@@ -253,7 +252,7 @@ def _locate(log_fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor, b: 
         # a coarse pass that kept many nodes of every peak, on nodes within half a panel of
         # each other, leaves little to another (at most one panel of the last pass, and the
         # peaks are resolved); narrow peaks (inverted sides under Gumbel-like tails) zoom on
-        if (coarse and i + 1 < _ZOOMS and a.numel() and not general
+        if (coarse and i + 1 < _ZOOMS and a.numel()
                 and float((x[..., -1] - x[..., 0]).max()) <= x.shape[-1] * width / 2
                 and int(kept.min()) >= _RESOLVED):
             break
@@ -274,21 +273,12 @@ def _log_integral(log_fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tenso
     ``perturb/boxes/_side_integral.py``)."""
     if locate:
         a, b = _locate(log_fn, a, b, width, order, coarse)
-    x, w = _nodes(a, b, _panels(a, b, width, _ZOOM_PANELS if locate else _LEAST_PANELS), order)
+    span = float((b - a).max()) if a.numel() else 0.0             # an empty batch: any grid
+    least = _ZOOM_PANELS if locate else _LEAST_PANELS
+    x, w = _nodes(a, b, min(_MAX_PANELS, max(least, math.ceil(span / width))), order)
     if last is not None:
         return last(x, torch.log(w))
     return torch.logsumexp(torch.log(w) + log_fn(x), dim=-1)
-
-
-def _panels(a: torch.Tensor, b: torch.Tensor, width: float, least: int) -> int:
-    """Panels no wider than ``width`` on the widest [a, b] of the batch (at least ``least``,
-    at most ``_MAX_PANELS``). Inside a ``torch.func`` transform the span cannot be
-    read: ``_MAX_PANELS``, the finest grid any span gets (panels no wider than the eager
-    ones, so the result agrees with the eager call to the quadrature's error)."""
-    if unreadable(a):
-        return _MAX_PANELS
-    span = float((b - a).max()) if a.numel() else 0.0             # an empty batch: any grid
-    return min(_MAX_PANELS, max(least, math.ceil(span / width)))
 
 
 def _nodes(a: torch.Tensor, b: torch.Tensor, n: int, order: int
@@ -351,7 +341,7 @@ def _log_expected_volume(lowers: list[torch.Tensor], uppers: list[torch.Tensor],
         up = torch.where(special, 1.0, up)
     if type(noise) is Gumbel:           # the closed form (a subclass may change the law)
         sides = _gumbel_log_sides(lo, up, noise.scale)
-    elif general and unreadable(lo):    # torch.func: the eager engine, folded (one node)
+    elif unreadable(lo):     # torch.func: the eager engine, folded into one node
         sides = folded_log_sides(lo.to(_F64), up.to(_F64), noise, _log_sides).to(lo.dtype)
     else:
         sides = _log_sides(lo.to(_F64), up.to(_F64), noise).to(lo.dtype)
