@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from torch.autograd.function import once_differentiable
+from perturb._autograd import once_differentiable
 
 from perturb.noise import Noise
 

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
+from perturb._autograd import once_differentiable
 
 from perturb._math import exp_floored, log_expm1, logaddexp2
 from perturb._validation import reads_stall

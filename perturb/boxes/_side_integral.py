@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.autograd.function import once_differentiable
+from perturb._autograd import once_differentiable
 
 from perturb.noise import Noise
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
+from perturb._autograd import once_differentiable
 
 from perturb._math import EULER_GAMMA, exp_floored, nan_to_
 from perturb._precision import full_precision

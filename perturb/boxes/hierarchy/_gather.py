@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.autograd.function import once_differentiable
+from perturb._autograd import once_differentiable
 
 
 class _GatherRows(torch.autograd.Function):

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import torch
 
+from perturb._autograd import once_differentiable
 from perturb._vmap import fold_vmap
 from perturb.structured.permutations._sinkhorn import (_masked_log_kernel, _solve_psd,
                                                        sinkhorn_iterate)
@@ -136,7 +137,7 @@ class _SinkhornImplicit(torch.autograd.Function):
                               col_valid if col_valid is not None else None)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, grad_plan, _grad_error, _grad_iters, _grad_tol):
         plan, w, tau, row_valid, col_valid = ctx.saved_tensors
         need_w, need_tau, need_a, need_b = ctx.needs_input_grad[:4]

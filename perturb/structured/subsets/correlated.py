@@ -72,6 +72,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from perturb._autograd import once_differentiable
 from perturb._deprecation import old_sampler_order
 from perturb._precision import full_precision
 from perturb._validation import check_int, check_scores, check_tau, scale_by_tau
@@ -198,7 +199,7 @@ class _Marginals(torch.autograd.Function):
         ctx.save_for_backward(*output[1:])
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, g, *_):
         if g is None or not ctx.needs_input_grad[0]:
             return None, None, None

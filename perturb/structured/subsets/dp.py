@@ -65,6 +65,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from perturb._autograd import once_differentiable
 from perturb._deprecation import old_sampler_order
 from perturb._math import logaddexp2
 from perturb.backward import resolve_backward, solve_with_backward
@@ -138,7 +139,7 @@ class _KSubsetMarginals(torch.autograd.Function):
         ctx.save_for_backward(*output)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, g, *_):
         if g is None or not ctx.needs_input_grad[0]:
             return None, None, None
@@ -447,7 +448,7 @@ class _SequentialMarginals(torch.autograd.Function):
         ctx.save_for_backward(*output)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, g, *_):
         mu, yt, alpha, beta = ctx.saved_tensors
         return _sequential_jvp(yt, alpha, beta, mu.t(), g.t(), ctx.k).t(), None

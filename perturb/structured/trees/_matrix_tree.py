@@ -18,7 +18,7 @@ two entry points.
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
+from perturb._autograd import once_differentiable
 
 from perturb._validation import traced
 from perturb._vmap import fold_vmap
