@@ -5,7 +5,7 @@ one panel per group of results.json (the figures of docs/box_hierarchy.md, "Rand
         [--seed 0] [--setting "closure-filtered) (train + 25%)"]
 
 A panel draws the rows of every file it names (runs of one model each, say), so that curves of
-separate runs share a panel.
+separate runs share a panel; ``path#S`` takes seed S from that file instead of --seed.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import argparse
 import json
 
 COLORS = {"gumbel": "tab:blue", "soft": "tab:orange", "hard": "tab:red", "normal": "tab:green",
-          "logistic": "tab:purple", "uniform": "tab:brown", "negexp": "tab:gray"}
+          "logistic": "tab:purple", "uniform": "tab:brown", "negexp": "tab:cyan"}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -32,13 +32,12 @@ def main(argv: list[str] | None = None) -> None:
                              squeeze=False)
     for ax, panel in zip(axes[0], args.panels):
         title, paths = panel.split("=", 1)
-        for r in [r for path in paths.split(",") for r in _rows(path)]:
-            if r["seed"] != args.seed or args.setting not in r["setting"] or not r["f1_curve"]:
-                continue
-            xs, ys = zip(*r["f1_curve"])
-            base = r["method"].split(" ")[0]
-            ax.plot(xs, ys, color=COLORS.get(base, "k"), lw=1.2,
-                    ls="-" if base == r["method"] else "--", label=r["method"])
+        for path in paths.split(","):
+            path, _, seed = path.partition("#")
+            for r in _rows(path):
+                if (r["seed"] == (int(seed) if seed else args.seed)
+                        and args.setting in r["setting"] and r["f1_curve"]):
+                    _draw(ax, r)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("epoch")
         ax.set_ylabel("validation F1")
@@ -47,6 +46,14 @@ def main(argv: list[str] | None = None) -> None:
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(args.out, dpi=80)
+
+
+def _draw(ax, r: dict) -> None:
+    """One row's validation-F1 curve: solid for ours, dashed for a peer's ("method (peer)")."""
+    xs, ys = zip(*r["f1_curve"])
+    base = r["method"].split(" ")[0]
+    ax.plot(xs, ys, color=COLORS.get(base, "k"), lw=1.2,
+            ls="-" if base == r["method"] else "--", label=r["method"])
 
 
 def _rows(path: str) -> list[dict]:

@@ -406,7 +406,7 @@ def plot_curves(rows: list[dict], path_f1: pathlib.Path, path_zero: pathlib.Path
     groups = sorted({(r["setting"], r["dim"]) for r in recon})
     colors = {"gumbel": "tab:blue", "soft": "tab:orange", "hard": "tab:red",
               "normal": "tab:green", "logistic": "tab:purple", "uniform": "tab:brown",
-              "negexp": "tab:gray"}
+              "negexp": "tab:cyan"}
     ylabels = {"f1_curve": "F1 (reconstruction: all pairs; generalisation: validation)",
                "zero_grad_curve": "fraction of zero gradient entries",
                "stalled_curve": "stalled / violated pairs"}

@@ -39,9 +39,9 @@ def test_panels_merge_files_and_filter_rows(plot, tmp_path, monkeypatch):
 
     monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
     out = tmp_path / "curves.png"
-    plot.main([str(out), f"both={a},{b}", f"one={a}", "--setting", "25%"])
+    plot.main([str(out), f"both={a},{b}", f"one={a}#1", "--setting", "25%"])
     assert out.stat().st_size > 0
-    # seed 0 and the 25 % setting only: gumbel from a and normal from b in the first panel,
-    # gumbel again in the second
+    # seed 0 and the 25 % setting only: gumbel from a and normal from b in the first panel;
+    # in the second, seed 1 of a (its "#1")
     assert drawn == [("gumbel", [1, 2], [0.5, 0.7]), ("normal", [1], [0.3]),
-                     ("gumbel", [1, 2], [0.5, 0.7])]
+                     ("gumbel", [1], [0.4])]
