@@ -36,8 +36,8 @@ import math
 from typing import Any
 
 import torch
-from perturb._autograd import once_differentiable
 
+from perturb._autograd import once_differentiable
 from perturb._math import EULER_GAMMA
 from perturb._validation import reads_stall, unreadable
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from perturb._autograd import once_differentiable
 
+from perturb._autograd import once_differentiable
 from perturb.noise import Noise
 
 Engine = Callable[..., torch.Tensor]

@@ -47,8 +47,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from perturb._autograd import once_differentiable
 
+from perturb._autograd import once_differentiable
 from perturb._math import exp_floored, log_expm1, logaddexp2
 from perturb._validation import reads_stall
 from perturb.boxes._bessel import _log_k0_exp, _log_neg_g_prime

@@ -23,8 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from perturb._autograd import once_differentiable
 
+from perturb._autograd import once_differentiable
 from perturb.noise import Noise
 
 # Node terms (m·K per side) per block of the CPU's last pass (:func:`log_side`): a block's

@@ -25,8 +25,8 @@ import math
 from typing import Any, Callable
 
 import torch
-from perturb._autograd import once_differentiable
 
+from perturb._autograd import once_differentiable
 from perturb._math import exp_floored, log_expm1, logaddexp2, nan_to_
 from perturb._math import log1mexp as _log1mexp
 from perturb._validation import check_value, reads_stall, unreadable, validation_enabled

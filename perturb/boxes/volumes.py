@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from perturb._autograd import once_differentiable
 
+from perturb._autograd import once_differentiable
 from perturb._math import EULER_GAMMA, exp_floored, nan_to_
 from perturb._precision import full_precision
 from perturb._validation import broadcasts_to, check_choice, check_tau, unreadable

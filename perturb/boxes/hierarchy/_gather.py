@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from perturb._autograd import once_differentiable
 
 

@@ -18,8 +18,8 @@ two entry points.
 from __future__ import annotations
 
 import torch
-from perturb._autograd import once_differentiable
 
+from perturb._autograd import once_differentiable
 from perturb._validation import traced
 from perturb._vmap import fold_vmap
 from perturb.structured.trees import _ops
