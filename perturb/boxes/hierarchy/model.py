@@ -47,6 +47,15 @@ class PairScores(NamedTuple):
     log1m_p: torch.Tensor
 
 
+def _split_pairs(lower: torch.Tensor, upper: torch.Tensor) -> tuple[Box, Box]:
+    """The children and the parents of corners ``(2P, d)`` (children first). By split, not
+    two slices: its backward is one cat, where each slice's backward fills a zero tensor of
+    the full size and the two are then added."""
+    n = lower.shape[0] // 2
+    (lo_c, lo_p), (hi_c, hi_p) = lower.split(n), upper.split(n)
+    return Box._trusted(lo_c, hi_c), Box._trusted(lo_p, hi_p)
+
+
 class BoxHierarchyModel(nn.Module):
     """Boxes for the nodes of a hierarchy, with the box model used to score pairs.
 
@@ -232,33 +241,24 @@ class BoxHierarchyModel(nn.Module):
         """
         n_pairs = child.shape[0]
         box = self.gather(torch.cat([child, parent]), validate=validate)
-        # split, not two slices: its backward is one cat, where each slice's backward fills a
-        # zero tensor of the full size and the two are then added
-        (lo_c, lo_p), (hi_c, hi_p) = box.lower.split(n_pairs), box.upper.split(n_pairs)
-        cb, pb = Box._trusted(lo_c, hi_c), Box._trusted(lo_p, hi_p)
-        beta = self._gumbel_beta
-        if beta is not None and n_pairs < self.num_nodes and box.lower.dtype in _FUSED_DTYPES:
-            # Gumbel boxes: log P in one autograd node (perturb.boxes._gumbel_pairs)
-            return PairScores(*gumbel_pair_scores(box.lower, box.upper, n_pos, beta,
-                                                  self.volume_beta or beta))
-        if n_pairs >= self.num_nodes:
-            log_child = self.log_volume(validate=validate)[child.to(self.device)]
-            return self.score_boxes(pb, cb, n_pos, log_child)
-        return self.score_boxes(pb, cb, n_pos)
+        if n_pairs < self.num_nodes:
+            return self._score_corners(box.lower, box.upper, n_pos)
+        cb, pb = _split_pairs(box.lower, box.upper)
+        log_child = self.log_volume(validate=validate)[child.to(self.device)]
+        return self.score_boxes(pb, cb, n_pos, log_child)
 
     def _score_corners(self, lower: torch.Tensor, upper: torch.Tensor, n_pos: int = 0
                        ) -> PairScores:
         """:meth:`score_boxes` of the boxes ``[lower, upper]`` (``(2P, d)``: the P children,
-        then their P parents; finite), by the fused Gumbel pair score where it applies (one
-        autograd node, the same values and gradients to rounding; the stalled-pair diagnostic
-        of the trainer, whose extra backward over a step's pairs cost as much as the step)."""
-        n = lower.shape[0] // 2
+        then their P parents; finite), for Gumbel boxes by the fused pair score (log P in one
+        autograd node, :mod:`perturb.boxes._gumbel_pairs`; the same values and gradients to
+        rounding). :meth:`score_pairs` and the trainer's stalled-pair diagnostic."""
         beta = self._gumbel_beta
         if beta is not None and lower.dtype in _FUSED_DTYPES:
             return PairScores(*gumbel_pair_scores(lower, upper, n_pos, beta,
                                                   self.volume_beta or beta))
-        return self.score_boxes(Box._trusted(lower[n:], upper[n:]),
-                                Box._trusted(lower[:n], upper[:n]), n_pos)
+        cb, pb = _split_pairs(lower, upper)
+        return self.score_boxes(pb, cb, n_pos)
 
     def score_boxes(self, parent: Box, child: Box, n_pos: int = 0,
                     log_child: torch.Tensor | None = None) -> PairScores:
