@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from perturb._autograd import once_differentiable
-from perturb._math import exp_floored, log_expm1, logaddexp2
+from perturb._math import exp_floored, log1mexp, log_expm1, logaddexp2
 from perturb._validation import reads_stall
 from perturb.boxes._bessel import _log_k0_exp, _log_neg_g_prime
 from perturb.boxes.intersections import _NESTED, _neg_softplus_gap_
@@ -242,11 +242,8 @@ class _GumbelLog1mNested(torch.autograd.Function):
 def _log1m_far_forward(log_p: torch.Tensor) -> torch.Tensor:
     """log(1 − P) = log1mexp(log P) where log P < 0, −inf where P = 1 (the values of
     :func:`~perturb.boxes.intersections._log1m_containment` without a box model, bit for bit:
-    each branch is evaluated on the same inputs and selected by the same masks)."""
-    near = log_p > -_LOG2
-    value = torch.where(near, torch.log(-torch.expm1(log_p)),
-                        torch.log1p(-exp_floored(log_p)))
-    return value.masked_fill_(~(log_p < 0), -math.inf)
+    the same :func:`~perturb._math.log1mexp` on the entries it keeps)."""
+    return log1mexp(log_p).masked_fill_(~(log_p < 0), -math.inf)
 
 
 def _log1m_far_backward(grad: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
