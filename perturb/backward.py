@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from perturb import _linalg
 from perturb._validation import check_choice, check_positive
 
 __all__ = ["implicit_root", "finite_difference_solve", "straight_through", "LINEAR_SOLVES",
@@ -121,7 +122,7 @@ def _implicit_vjp(optimality_fn: Callable[..., torch.Tensor], x_star: torch.Tens
             rhs = _flat_event(grad_x, event_dim).unsqueeze(-1)
             Jt = J.transpose(-1, -2)
             if linear_solve == "dense":
-                u = torch.linalg.solve(Jt, rhs)
+                u = _linalg.solve(Jt, rhs)
             else:  # least squares: systems with a known null space (gauge freedom)
                 u = torch.linalg.pinv(Jt) @ rhs
             u = u.squeeze(-1).reshape(grad_x.shape)

@@ -19,7 +19,7 @@ PACKAGE = REPO / "perturb"
 ARCHITECTURE = REPO / "ARCHITECTURE.md"
 
 TOOLKIT = {"perturb._settings", "perturb._validation", "perturb._math", "perturb._precision",
-           "perturb._vmap", "perturb._autograd", "perturb._deprecation"}
+           "perturb._vmap", "perturb._autograd", "perturb._linalg", "perturb._deprecation"}
 CORE = {"perturb.regularizers", "perturb.structures", "perturb.core", "perturb._engine",
         "perturb.categorical", "perturb.backward", "perturb._fused", "perturb._identify"}
 

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import torch
 
+from perturb import _linalg
 from perturb._settings import CUDA_GRAPHS
 from perturb._validation import compiling_now, traced
 from perturb.structured.permutations._sinkhorn_graphs import (GRAPH_CHUNK, graphed_iterations,
@@ -572,7 +573,7 @@ def _solve_psd(S: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
         # no host read possible (torch.compile, torch.func): both solves, chosen per problem;
         # LU instead of lstsq, whose output shapes are data-dependent for the compiler
         chol = torch.cholesky_solve(rhs.unsqueeze(-1), L).squeeze(-1)
-        lu = torch.linalg.solve_ex(S, rhs.unsqueeze(-1))[0].squeeze(-1)
+        lu = _linalg.solve_ex(S, rhs.unsqueeze(-1))[0].squeeze(-1)
         return torch.where((info == 0).unsqueeze(-1), chol, lu)
     if bool((info == 0).all()):
         return torch.cholesky_solve(rhs.unsqueeze(-1), L).squeeze(-1)

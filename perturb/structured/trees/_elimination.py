@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 import torch
 
+from perturb import _linalg
 from perturb._math import logaddexp2
 from perturb.structured.trees._inverse import inverse
 
@@ -223,8 +224,8 @@ def reduced_log_partition(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Ten
     J = slice(1 + nk, n)
     eye = torch.eye(nk, dtype=s.dtype, device=s.device)
     A = eye - Pp[..., K, K]
-    Ainv, info = torch.linalg.inv_ex(A)
-    sign, logdet = torch.linalg.slogdet(A)
+    Ainv, info = _linalg.inv_ex(A)
+    sign, logdet = _linalg.slogdet(A)
     logz = logz + logdet
     est = 4 * max(n, 8) * torch.finfo(s.dtype).eps * Ainv.detach().abs().sum(-2).amax(-1)
     est = torch.where((sign > 0) & (info == 0), est, torch.full_like(est, torch.inf))

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import torch
 
+from perturb import _linalg
+
 __all__: list[str] = []
 
 #: Steps between two host reads of "every walk has finished".
@@ -55,7 +57,7 @@ def expected_steps(P: torch.Tensor, root: int) -> torch.Tensor:
     L[..., root, :] = 0
     L[..., :, root] = 0
     L[..., root, root] = 1
-    G, info = torch.linalg.inv_ex(L)
+    G, info = _linalg.inv_ex(L)
     tr = torch.diagonal(G, dim1=-2, dim2=-1).sum(-1) - 1
     bad = (info != 0) | ~torch.isfinite(tr) | (G.amin((-1, -2)) < -1e-6)
     return torch.where(bad, torch.full_like(tr, torch.inf), tr)

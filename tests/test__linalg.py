@@ -1,0 +1,139 @@
+"""perturb._linalg: LU calls that stay correct where torch's batched CPU LU is not.
+
+With torch.set_num_threads(2) called, torch 2.13's CPU batched LU of matrices above ~150 rows
+is wrong (see the module). These tests put torch in that state and check the wrappers, and the
+library's callers, against numpy's LAPACK one matrix at a time. They never call the defective
+batched path itself (it can hang).
+"""
+import numpy as np
+import pytest
+import torch
+
+from perturb import _linalg
+from perturb.backward import implicit_root
+from perturb.structured.trees import _elimination, _wilson
+
+N = 160          # above LU_BATCH_MAX and above the size where the defect appears
+
+
+@pytest.fixture
+def two_threads():
+    """torch in the state that exposes the defect: set_num_threads called with 2."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _matrices(*batch, n=N, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*batch, n, n, dtype=dtype, generator=g) + n * torch.eye(n, dtype=dtype)
+
+
+def test_unsafe_only_for_batched_large_cpu_matrices_on_several_threads(two_threads):
+    assert _linalg.batched_lu_unsafe(torch.empty(2, N, N))
+    assert _linalg.batched_lu_unsafe(torch.empty(N, N), torch.empty(3, N, 1))   # broadcast
+    assert not _linalg.batched_lu_unsafe(torch.empty(N, N))
+    assert not _linalg.batched_lu_unsafe(torch.empty(1, 1, N, N))
+    assert not _linalg.batched_lu_unsafe(torch.empty(8, _linalg.LU_BATCH_MAX,
+                                                     _linalg.LU_BATCH_MAX))
+    assert not _linalg.batched_lu_unsafe(torch.empty(2, N, N, device="meta"))
+    torch.set_num_threads(1)
+    assert not _linalg.batched_lu_unsafe(torch.empty(2, N, N))
+
+
+@pytest.mark.parametrize("dtype,rtol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
+def test_wrappers_match_numpy_per_matrix(two_threads, dtype, rtol):
+    A = _matrices(2, 3, dtype=dtype)
+    B = torch.randn(3, N, 2, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    An, Bn = A.double().numpy(), B.double().numpy()
+    inv, info = _linalg.inv_ex(A)
+    assert inv.shape == A.shape and info.shape == (2, 3) and not info.any()
+    np.testing.assert_allclose(inv.double().numpy(), np.linalg.inv(An), rtol=rtol,
+                               atol=rtol / N)
+    sign, logabsdet = _linalg.slogdet(A)
+    ref_sign, ref_log = np.linalg.slogdet(An)
+    np.testing.assert_array_equal(sign.numpy(), ref_sign)
+    np.testing.assert_allclose(logabsdet.double().numpy(), ref_log, rtol=rtol)
+    X = _linalg.solve(A, B)                          # B broadcasts over A's first dimension
+    ref = np.linalg.solve(An, np.broadcast_to(Bn, (2, 3, N, 2)))
+    assert X.shape == (2, 3, N, 2)
+    np.testing.assert_allclose(X.double().numpy(), ref, rtol=rtol, atol=rtol / N)
+    X, info = _linalg.solve_ex(A[0], B)
+    assert info.shape == (3,) and not info.any()
+    np.testing.assert_allclose(X.double().numpy(), ref[0], rtol=rtol, atol=rtol / N)
+
+
+def test_singular_matrix_reported_per_matrix(two_threads):
+    A = _matrices(3)
+    A[1, :, 0] = 0
+    inv, info = _linalg.inv_ex(A)
+    assert info.tolist()[0] == 0 and info.tolist()[1] != 0 and info.tolist()[2] == 0
+    sign, logabsdet = _linalg.slogdet(A)
+    assert sign[1] == 0 and logabsdet[1] == -torch.inf and torch.isfinite(logabsdet[[0, 2]]).all()
+
+
+def test_gradients_go_through_each_matrix(two_threads):
+    A = _matrices(2).requires_grad_()
+    _linalg.slogdet(A)[1].sum().backward()       # d log|det A| / dA = A^{-T}
+    np.testing.assert_allclose(A.grad.numpy(), np.linalg.inv(A.detach().numpy()).swapaxes(-1, -2),
+                               rtol=1e-10, atol=1e-14)
+    B = torch.randn(2, N, 1, dtype=torch.float64).requires_grad_()
+    _linalg.solve(A.detach(), B).sum().backward()      # d 1ᵀA⁻¹B / dB = A^{-T} 1
+    ref = np.linalg.solve(A.detach().numpy().swapaxes(-1, -2), np.ones((2, N, 1)))
+    np.testing.assert_allclose(B.grad.numpy(), ref, rtol=1e-10)
+
+
+def test_small_or_single_matrices_call_torch_directly(two_threads, monkeypatch):
+    calls = []
+    monkeypatch.setattr(_linalg, "_per_matrix", lambda *a: calls.append(a))
+    A = _matrices(4, n=32)
+    _linalg.inv_ex(A), _linalg.slogdet(A), _linalg.solve(A, A), _linalg.solve_ex(A, A)
+    _linalg.inv_ex(_matrices(n=N))
+    assert calls == []
+
+
+def _walk_matrix(*batch, n=N, seed=0):
+    """Column-stochastic P (P[i, j]: the walk from j steps to i), no self loops."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(*batch, n, n, dtype=torch.float64, generator=g)
+    s.diagonal(dim1=-2, dim2=-1).fill_(-torch.inf)
+    return s, torch.softmax(s, dim=-2)
+
+
+def test_wilson_expected_steps_correct_in_a_batch(two_threads):
+    _, P = _walk_matrix(3)
+    got = _wilson.expected_steps(P, root=0)
+    L = np.eye(N) - P.numpy()
+    L[:, 0, :] = 0
+    L[:, :, 0] = 0
+    L[:, 0, 0] = 1
+    ref = np.trace(np.linalg.inv(L), axis1=-2, axis2=-1) - 1
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-10)
+
+
+def test_cycle_reduction_correct_in_a_batch(two_threads):
+    s, _ = _walk_matrix(3, seed=2)
+    valid = torch.isfinite(s)
+    order, m = _elimination.reduction_order(s, valid, None, 0)
+    logz, est = _elimination.reduced_log_partition(s, valid, None, 0, order, m)
+    # reference: the matrix-tree theorem, log det of the root-deleted Laplacian, per matrix
+    W = np.exp(np.where(valid.numpy(), s.numpy(), -np.inf))
+    L = np.zeros_like(W)
+    idx = np.arange(N)
+    L[:, idx, idx] = W.sum(-2)
+    L -= W
+    ref = np.linalg.slogdet(L[:, 1:, 1:])[1]
+    np.testing.assert_allclose(logz.numpy(), ref, rtol=1e-10)
+    assert (est < 1e-6).all()
+
+
+def test_implicit_root_dense_solve_correct_in_a_batch(two_threads):
+    A = _matrices(2)
+    b = torch.randn(2, N, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    b.requires_grad_()
+    x_star = torch.linalg.solve(A[0], b[0].detach()), torch.linalg.solve(A[1], b[1].detach())
+    x = implicit_root(lambda x, b: (A @ x.unsqueeze(-1)).squeeze(-1) - b, torch.stack(x_star), b)
+    x.sum().backward()                            # ḡ_b = u with Aᵀu = 1
+    ref = np.linalg.solve(A.numpy().swapaxes(-1, -2), np.ones((2, N, 1)))[..., 0]
+    np.testing.assert_allclose(b.grad.numpy(), ref, rtol=1e-10)
