@@ -110,7 +110,7 @@ class BoxHierarchyModel(nn.Module):
         if len(self.nodes) != num_nodes:
             raise ValueError(f"nodes must have num_nodes={num_nodes} labels, got {len(self.nodes)}")
         self._index: dict[Hashable, int] | None = None
-        #: True: the row gathers (:meth:`gather`, and :meth:`log_volume` of all boxes while
+        #: Whether the row gathers (:meth:`gather`, and :meth:`log_volume` of all boxes while
         #: gradients are recorded) give sparse COO gradients of the corner tables instead of
         #: dense ones, for a lazy optimizer (``HierarchyConfig.optimizer="sparse_adam"``; the
         #: trainer sets it). :meth:`forward` then gathers too; ``embedding`` itself does not.
