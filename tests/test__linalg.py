@@ -11,6 +11,7 @@ import torch
 
 from perturb import _linalg
 from perturb.backward import implicit_root
+from perturb.structured import trees
 from perturb.structured.trees import _elimination, _wilson
 
 N = 160          # above LU_BATCH_MAX and above the size where the defect appears
@@ -137,3 +138,19 @@ def test_implicit_root_dense_solve_correct_in_a_batch(two_threads):
     x.sum().backward()                            # ḡ_b = u with Aᵀu = 1
     ref = np.linalg.solve(A.numpy().swapaxes(-1, -2), np.ones((2, N, 1)))[..., 0]
     np.testing.assert_allclose(b.grad.numpy(), ref, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["arborescence_marginals", "spanning_tree_marginals"])
+def test_tree_marginals_of_a_batch_match_one_graph_at_a_time(two_threads, name):
+    """Public: a batch of 160-node graphs gives each graph's own marginals (the inverse is
+    formed by blocks from 96 nodes on and never reaches the batched LU at this size)."""
+    fn = getattr(trees, name)
+    w = torch.randn(3, N, N, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    batched = fn(w)
+    for i in range(3):
+        torch.testing.assert_close(batched[i], fn(w[i]), rtol=1e-10, atol=1e-13)
+    if name == "arborescence_marginals":        # every non-root node has one parent
+        torch.testing.assert_close(batched.sum(-2)[:, 1:], torch.ones(3, N - 1, dtype=w.dtype))
+    else:                                       # n − 1 edges, each counted twice
+        torch.testing.assert_close(batched.sum((-2, -1)), torch.full((3,), 2.0 * (N - 1),
+                                                                     dtype=w.dtype))
