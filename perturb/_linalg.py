@@ -46,33 +46,33 @@ def _per_matrix(fn: Callable[..., tuple[torch.Tensor, ...]], A: torch.Tensor,
     return tuple(torch.stack(parts).reshape(*batch, *parts[0].shape) for parts in zip(*outs))
 
 
+def _lu_call(fn: Callable[..., tuple[torch.Tensor, ...]], A: torch.Tensor,
+             *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``fn(A, *rest)``, one matrix at a time where torch's batched LU may be wrong."""
+    if batched_lu_unsafe(A, *rest):
+        return _per_matrix(fn, A, *rest)
+    return tuple(fn(A, *rest))
+
+
 def inv_ex(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.linalg.inv_ex(A)``: (inverse, info), ``info != 0`` where ``A`` is singular."""
-    if batched_lu_unsafe(A):
-        inv, info = _per_matrix(torch.linalg.inv_ex, A)
-        return inv, info
-    return torch.linalg.inv_ex(A)
+    inv, info = _lu_call(torch.linalg.inv_ex, A)
+    return inv, info
 
 
 def slogdet(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.linalg.slogdet(A)``: (sign, log|det A|)."""
-    if batched_lu_unsafe(A):
-        sign, logabsdet = _per_matrix(torch.linalg.slogdet, A)
-        return sign, logabsdet
-    sign, logabsdet = torch.linalg.slogdet(A)
+    sign, logabsdet = _lu_call(torch.linalg.slogdet, A)
     return sign, logabsdet
 
 
 def solve(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    """``torch.linalg.solve(A, B)`` for a matrix right-hand side ``B`` ``(*batch, n, k)``."""
-    if batched_lu_unsafe(A, B):
-        return _per_matrix(lambda a, b: (torch.linalg.solve(a, b),), A, B)[0]
-    return torch.linalg.solve(A, B)
+    """``torch.linalg.solve(A, B)`` for a matrix right-hand side ``B`` ``(*batch, n, k)``
+    (raises where ``A`` is singular, as torch's)."""
+    return _lu_call(lambda a, b: (torch.linalg.solve(a, b),), A, B)[0]
 
 
 def solve_ex(A: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.linalg.solve_ex(A, B)`` for a matrix right-hand side: (solution, info)."""
-    if batched_lu_unsafe(A, B):
-        X, info = _per_matrix(torch.linalg.solve_ex, A, B)
-        return X, info
-    return torch.linalg.solve_ex(A, B)
+    X, info = _lu_call(torch.linalg.solve_ex, A, B)
+    return X, info
