@@ -29,4 +29,13 @@ def generator() -> torch.Generator:
     return torch.Generator().manual_seed(1234)
 
 
+@pytest.fixture
+def torch_threads():
+    """``torch_threads(n)``: torch runs on n threads for the rest of the test; the count it
+    had is restored after it."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")

@@ -18,12 +18,9 @@ N = 160          # above LU_BATCH_MAX and above the size where the defect appear
 
 
 @pytest.fixture
-def two_threads():
+def two_threads(torch_threads):
     """torch in the state that exposes the defect: set_num_threads called with 2."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
+    torch_threads(2)
 
 
 def _matrices(*batch, n=N, dtype=torch.float64, seed=0):

@@ -279,11 +279,8 @@ train_hierarchy(random_dag(40, 0.1, seed=3), 3, checkpoint=path, resume=True,
 
 
 @pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def one_thread(torch_threads):
+    torch_threads(1)
 
 
 def test_killed_run_resumes_bit_identically(tmp_path, one_thread):
