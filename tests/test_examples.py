@@ -213,12 +213,7 @@ def _run_quick(name: str, tmp_path: pathlib.Path, *extra: str):
     if name in NEEDS_SKLEARN and not HAVE_SKLEARN:
         pytest.skip("scikit-learn is not installed (the digits data)")
     out = tmp_path / name
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)        # small ops: one thread is faster, and much faster under load
-    try:
-        results = load(name).main(["--quick", "--out", str(out), "--no-progress", *extra])
-    finally:
-        torch.set_num_threads(threads)
+    results = load(name).main(["--quick", "--out", str(out), "--no-progress", *extra])
     assert isinstance(results, dict) and results
     files = CHECKS[name](results, out)
     for f in files:
@@ -234,14 +229,16 @@ SLOW = {"categorical_vae", "correlated_topk", "box_hierarchy", "latent_permutati
 
 @pytest.mark.parametrize("name", [pytest.param(p.stem, marks=[pytest.mark.slow]
                                                if p.stem in SLOW else []) for p in EXAMPLES])
-def test_quick_run(name, tmp_path):
+def test_quick_run(name, tmp_path, torch_threads):
+    torch_threads(1)        # small ops: one thread is faster, and much faster under load
     _run_quick(name, tmp_path)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
 @pytest.mark.parametrize("name", [p.stem for p in EXAMPLES])
-def test_quick_run_cuda(name, tmp_path):
+def test_quick_run_cuda(name, tmp_path, torch_threads):
+    torch_threads(1)
     _run_quick(name, tmp_path, "--device", "cuda")
 
 
@@ -284,19 +281,15 @@ def test_quick_run_without_matplotlib_or_tqdm(monkeypatch, capsys, tmp_path):
 
 
 @pytest.mark.slow
-def test_box_hierarchy_nested_start_and_denormal_mode(tmp_path):
+def test_box_hierarchy_nested_start_and_denormal_mode(tmp_path, torch_threads):
     """--initializer nested reaches the trainer (the tree starts nested: Gumbel F1 ~1), and the
     example leaves the process's denormal mode as it found it."""
     from perturb._math import denormals_flushed as flushed
     before = flushed()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        r = load("box_hierarchy").main(["--quick", "--out", str(tmp_path), "--no-progress",
-                                        "--initializer", "nested", "--methods", "gumbel",
-                                        "--dims", "2", "--epochs", "5"])
-    finally:
-        torch.set_num_threads(threads)
+    torch_threads(1)
+    r = load("box_hierarchy").main(["--quick", "--out", str(tmp_path), "--no-progress",
+                                    "--initializer", "nested", "--methods", "gumbel",
+                                    "--dims", "2", "--epochs", "5"])
     assert flushed() == before
     (row,) = r["rows"]
     assert row["method"] == "gumbel" and row["f1"] > 0.95, row["f1"]
@@ -317,17 +310,13 @@ def test_box_hierarchy_noise_boxes(tmp_path):
         assert 0.5 < row["f1"] <= 1.0, (method, row["f1"])
 
 
-def test_listops_noise_families(tmp_path):
+def test_listops_noise_families(tmp_path, torch_threads):
     """The seed's comparison of noises on the latent arborescence: model names with a noise
     suffix run and get the seed's numbers beside them; an unknown one is refused."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        r = load("listops").main(["--quick", "--models", "arborescence:negexp,arborescence:normal",
-                                  "--out", str(tmp_path), "--no-progress", "--n-train", "300",
-                                  "--epochs", "1"])
-    finally:
-        torch.set_num_threads(threads)
+    torch_threads(1)
+    r = load("listops").main(["--quick", "--models", "arborescence:negexp,arborescence:normal",
+                              "--out", str(tmp_path), "--no-progress", "--n-train", "300",
+                              "--epochs", "1"])
     assert set(r) >= {"arborescence:negexp", "arborescence:normal"}
     text = (tmp_path / "listops.md").read_text()
     assert "71.5 ± 1.4" in text and "65.3 ± 3.7" in text

