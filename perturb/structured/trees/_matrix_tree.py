@@ -222,40 +222,22 @@ def solve_full(s: torch.Tensor, valid: torch.Tensor, nodes: torch.Tensor | None,
     path = bad.to(torch.int8)
     state = None
     if bool(bad.any()):
-        n, batch = s.shape[-1], s.shape[:-2]
-        # the failing elements by flat index (one nonzero); a mask or node pattern broadcast
-        # over the batch is not copied per element
-        idx = bad.reshape(-1).nonzero().squeeze(-1)
-        x = _rows(s.detach(), batch, idx, 2).to(mu.dtype)   # convert the failing ones only
-        v = _rows(valid, batch, idx, 2)
-        sub_nodes = None if nodes is None else _rows(nodes, batch, idx, 1)
-        mu_b, logz_b, est, state = reduced_solve(x, v, sub_nodes, root, _rows(P, batch, idx, 2),
-                                                 need_logz)
+        n = s.shape[-1]
+        x = s.detach()[bad].to(mu.dtype)      # convert the failing elements only
+        v = valid.expand(s.shape)[bad]
+        sub_nodes = None if nodes is None else nodes.expand(s.shape[:-1])[bad]
+        mu_b, logz_b, est, state = reduced_solve(x, v, sub_nodes, root, P[bad], need_logz)
         inner = _inner_nodes(mu_b.shape, sub_nodes, root, mu_b.device)
         fail = ~(est <= ERROR_BUDGET) | ~torch.isfinite(logz_b) | _result_bad(mu_b, inner, n)
         if bool(fail.any()):
-            v = v.expand(x.shape)
             mu_e, logz_e = elimination_marginals(
                 x[fail], v[fail], None if sub_nodes is None else sub_nodes[fail], root)
             mu_b[fail] = mu_e
             logz_b[fail] = logz_e
-        # mu, logz and path are fresh tensors of lu_solve (mu in P's layout)
-        mu = mu.contiguous()
-        mu.view(-1, n, n).index_copy_(0, idx, mu_b)
-        logz.view(-1).index_copy_(0, idx, logz_b)
-        path.view(-1).index_copy_(0, idx, fail.to(torch.int8) + PATH_REDUCED)
+        mu[bad] = mu_b          # mu and logz are fresh tensors of lu_solve
+        logz[bad] = logz_b
+        path[bad] = (fail.to(torch.int8) + PATH_REDUCED)
     return mu, logz, P, G, path, state
-
-
-def _rows(x: torch.Tensor, batch: torch.Size, idx: torch.Tensor, k: int) -> torch.Tensor:
-    """``(len(idx), *event)``: the batch elements ``idx`` (flat indices) of ``x`` broadcast to
-    ``(*batch, *event)``, ``event`` its last ``k`` dims; a view when ``x`` is one pattern
-    broadcast over the batch, else a copy of those elements only."""
-    event = x.shape[x.dim() - k:]
-    xb = x.expand(*batch, *event)
-    if all(st == 0 for st in xb.stride()[:len(batch)]):
-        return xb[(0,) * len(batch)].expand(idx.numel(), *event)
-    return xb.reshape(-1, *event).index_select(0, idx)
 
 
 def marginals_backward(P: torch.Tensor, G: torch.Tensor, grad: torch.Tensor,
@@ -289,18 +271,27 @@ def backward_with_fallback(s, valid, nodes, root, P, G, path, grad, mu=None,
     reduction (from its saved ``state``; no second differentiation) for the others, and for
     the last tier the double backward through the log-space elimination.
 
-    The LU product runs on the whole batch and the recomputed elements' rows are then
-    replaced: with a few of them (scores ×20: 3 of 16) that is cheaper than gathering the LU
-    elements first (measured 0.54 against 0.60–0.65 ms at 16 × 64 × 64, float64). One host
-    read for the recomputed elements' indices, one more when the last tier may have run."""
-    out = marginals_backward(P, G, grad, mu)
+    When some element left the LU path, the LU product runs on the LU elements only (its two
+    O(n³) products are not spent on elements whose result is replaced): the batch is split by
+    one stable sort of the path flags, the number of recomputed elements being known from
+    ``state`` (no host read); one host read when the last tier may have run."""
     if state is None:   # every element took the LU path
-        return out
+        return marginals_backward(P, G, grad, mu)
     n = P.shape[-1]
-    idx = (path != PATH_LU).reshape(-1).nonzero().squeeze(-1)   # batch order, as the state
-    out = out.contiguous()
-    out.view(-1, n, n).index_copy_(
-        0, idx, reduced_vjp(state, _rows(grad, P.shape[:-2], idx, 2)).to(out.dtype))
+    flat = P.shape[:-2].numel()
+    bad = (path != PATH_LU).reshape(flat)
+    order = torch.argsort(bad.to(torch.uint8), stable=True)
+    n_lu = flat - state.P.shape[0]
+    lu, rest = order[:n_lu], order[n_lu:]       # rest: the recomputed elements in batch order
+    g = grad.expand(s.shape).reshape(flat, n, n)
+    out = torch.empty((flat, n, n), dtype=P.dtype, device=P.device)
+    if n_lu:
+        def pick(x):
+            return x.reshape(flat, n, n).index_select(0, lu)
+        out.index_copy_(0, lu, marginals_backward(pick(P), pick(G), pick(g),
+                                                  None if mu is None else pick(mu)))
+    out.index_copy_(0, rest, reduced_vjp(state, g.index_select(0, rest)).to(out.dtype))
+    out = out.view(P.shape)
     sel = path == PATH_ELIMINATION
     if bool(sel.any()):
         sub_nodes = None if nodes is None else nodes.expand(s.shape[:-1])[sel]
