@@ -41,12 +41,18 @@ __all__ = ["LU_BATCH_MAX", "batched_lu_unsafe", "hidden_batch_unsafe", "inv_ex",
 LU_BATCH_MAX = 128
 
 
+def _defect_regime(A: torch.Tensor) -> bool:
+    """Whether a batched LU of matrices like ``A`` may be wrong: on the CPU, more than
+    :data:`LU_BATCH_MAX` rows, several threads (see the module)."""
+    return (A.device.type == "cpu" and A.shape[-1] > LU_BATCH_MAX
+            and torch.get_num_threads() >= 2)
+
+
 def batched_lu_unsafe(A: torch.Tensor, *rest: torch.Tensor) -> bool:
     """Whether torch's batched LU of ``A`` ``(*batch, n, n)`` may be wrong (see the module);
     ``rest``: right-hand sides, whose batch dimensions broadcast with ``A``'s."""
-    if A.device.type != "cpu" or A.shape[-1] <= LU_BATCH_MAX or torch.get_num_threads() < 2:
-        return False
-    return torch.broadcast_shapes(A.shape[:-2], *(r.shape[:-2] for r in rest)).numel() > 1
+    return _defect_regime(A) and torch.broadcast_shapes(
+        A.shape[:-2], *(r.shape[:-2] for r in rest)).numel() > 1
 
 
 def _per_matrix(fn: Callable[..., tuple[torch.Tensor, ...]], A: torch.Tensor,
@@ -63,8 +69,7 @@ def hidden_batch_unsafe(A: torch.Tensor, *rest: torch.Tensor) -> bool:
     """Whether ``A`` (or a right-hand side) lives inside a ``torch.func`` transform, where a
     vmapped batch that the shapes do not show would reach torch's batched LU, in the regime
     where that LU may be wrong (see the module)."""
-    return (A.device.type == "cpu" and A.shape[-1] > LU_BATCH_MAX
-            and torch.get_num_threads() >= 2 and any(unreadable(t) for t in (A, *rest)))
+    return _defect_regime(A) and any(unreadable(t) for t in (A, *rest))
 
 
 def _lu_call(fn: Callable[..., tuple[torch.Tensor, ...]],
@@ -101,6 +106,7 @@ def _qr_slogdet(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _qr_inv_ex(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A⁻¹, info) by :func:`_qr_solve_ex` against the identity."""
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     return _qr_solve_ex(A, eye.expand_as(A))
 

@@ -192,7 +192,7 @@ def test_hidden_batch_unsafe_only_inside_transforms(two_threads):
 @pytest.mark.parametrize("dtype,rtol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
 def test_wrappers_under_vmap_match_numpy(two_threads, lu_refuses_hidden_batches, dtype, rtol):
     A = _matrices(3, dtype=dtype)
-    A[1] = -A[1]                                      # det < 0 (N even: sign (−1)^N = +1)
+    A[1] = -A[1]                                      # det unchanged (N even: (−1)^N = 1)
     A[1, 0] = -A[1, 0]                                # one row flipped back: det < 0
     B = torch.randn(3, N, 2, dtype=dtype, generator=torch.Generator().manual_seed(5))
     An, Bn = A.double().numpy(), B.double().numpy()
