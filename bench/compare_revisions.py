@@ -1,6 +1,6 @@
 """The library's hot paths timed at two git revisions, interleaved: does a change regress speed?
 
-    python -m bench.compare_revisions BEFORE [AFTER] [--repeat 15] [--threads 1]
+    python -m bench.compare_revisions BEFORE [AFTER] [--repeat 15] [--threads 1] [--cases FILE]
 
 Each revision is checked out into a temporary git worktree and imported by its own worker
 process (two versions of ``perturb`` cannot share one interpreter). The driver asks the two
@@ -8,6 +8,11 @@ workers in turn (A, B, B, A, ...) to time one call of each case, so that load on
 on both alike, and prints the medians and their ratio AFTER / BEFORE as a Markdown table.
 ``AFTER`` defaults to the working tree. The cases call only public functions whose signatures
 have not changed since the library's first release of each family, with fixed seeds.
+
+``--cases FILE`` replaces the built-in cases by a Python file that each worker runs against its
+own revision; it defines ``CASES`` and may define ``PAIRS``, ``[ours, peer, target]`` triples
+whose two cases are then timed back to back, so that each revision's ratio to the peer comes
+from one process and one run (``bench/regime_cases.py``: issue 29's regimes and their peers).
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The worker: builds every case once, then times one call per request ("name" on stdin ->
 # milliseconds on stdout). Forward and backward where the case trains through the result.
 _WORKER = r'''
-import json, sys, time
+import gc, json, sys, time
 import torch
 torch.set_num_threads(int(sys.argv[1]))
 torch.set_flush_denormal(True)
@@ -58,30 +63,41 @@ def boxes(x):
     b = Box(x[1408:, :10], x[1408:, 10:])
     return log_containment_prob(a, b, beta=0.1).sum()
 
-CASES = {
-    "relax Simplex Gumbel 256x1000 f32 fwd+bwd":
-        fwd_bwd(lambda x: perturb.relax(x, perturb.Simplex(), perturb.Gumbel(), tau=0.5,
-                                        generator=g(7)), w1),
-    "relaxed_topk Entropy 256x1000 k=10 f32 fwd+bwd":
-        fwd_bwd(lambda x: st.relaxed_topk(x, 10), w1),
-    "relaxed_topk ExpFamilyEntropy 256x1000 k=10 f32 fwd+bwd":
-        fwd_bwd(lambda x: st.relaxed_topk(x, 10, regularizer=ent), w1),
-    "sinkhorn 32x128x128 f32 tau=0.2 fwd": lambda: st.sinkhorn(perm, tau=0.2),
-    "sinkhorn 8x64x64 f64 tau=0.2 fwd+bwd": fwd_bwd(lambda x: st.sinkhorn(x, tau=0.2), perm64),
-    "arborescence_marginals 16x64x64 f64 fwd+bwd":
-        fwd_bwd(lambda x: st.arborescence_marginals(x), arb),
-    "spanning_tree_marginals 16x64x64 f64 fwd+bwd":
-        fwd_bwd(lambda x: st.spanning_tree_marginals(x), span),
-    "Gumbel box log P(b in a) 1408 pairs d=10 f32 fwd+bwd": fwd_bwd(boxes, corners),
-}
+if len(sys.argv) > 2:           # a case file: defines CASES (and PAIRS)
+    exec(compile(open(sys.argv[2]).read(), sys.argv[2], 'exec'))
+else:
+    CASES = {
+        "relax Simplex Gumbel 256x1000 f32 fwd+bwd":
+            fwd_bwd(lambda x: perturb.relax(x, perturb.Simplex(), perturb.Gumbel(), tau=0.5,
+                                            generator=g(7)), w1),
+        "relaxed_topk Entropy 256x1000 k=10 f32 fwd+bwd":
+            fwd_bwd(lambda x: st.relaxed_topk(x, 10), w1),
+        "relaxed_topk ExpFamilyEntropy 256x1000 k=10 f32 fwd+bwd":
+            fwd_bwd(lambda x: st.relaxed_topk(x, 10, regularizer=ent), w1),
+        "sinkhorn 32x128x128 f32 tau=0.2 fwd": lambda: st.sinkhorn(perm, tau=0.2),
+        "sinkhorn 8x64x64 f64 tau=0.2 fwd+bwd":
+            fwd_bwd(lambda x: st.sinkhorn(x, tau=0.2), perm64),
+        "arborescence_marginals 16x64x64 f64 fwd+bwd":
+            fwd_bwd(lambda x: st.arborescence_marginals(x), arb),
+        "spanning_tree_marginals 16x64x64 f64 fwd+bwd":
+            fwd_bwd(lambda x: st.spanning_tree_marginals(x), span),
+        "Gumbel box log P(b in a) 1408 pairs d=10 f32 fwd+bwd": fwd_bwd(boxes, corners),
+    }
 for fn in CASES.values():          # warm-up (allocator, lazy imports, first-call paths)
     fn(); fn()
-print(json.dumps(list(CASES)), flush=True)
+print(json.dumps({"cases": list(CASES), "pairs": globals().get("PAIRS", [])}), flush=True)
 for line in sys.stdin:
     fn = CASES[line.strip()]
+    # as timeit: no cyclic garbage collection inside a timed call (a full collection costs
+    # tens of ms after a case that leaves many objects, e.g. a 20,000-iteration peer loop,
+    # and would land in whichever call comes next)
+    gc.collect()
+    gc.disable()
     t0 = time.perf_counter()
     fn()
-    print((time.perf_counter() - t0) * 1e3, flush=True)
+    t = (time.perf_counter() - t0) * 1e3
+    gc.enable()
+    print(t, flush=True)
 '''
 
 
@@ -92,8 +108,14 @@ def _worktree(rev: str, tmp: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def _start(path: pathlib.Path, threads: int) -> tuple[subprocess.Popen, list[str]]:
-    proc = subprocess.Popen([sys.executable, "-c", _WORKER, str(threads)], cwd=path,
+def _start(path: pathlib.Path, threads: int, case_file: str | None
+           ) -> tuple[subprocess.Popen, dict]:
+    """A worker importing ``perturb`` from ``path``; returns it and its ``{"cases": [...],
+    "pairs": [[ours, peer, target], ...]}``."""
+    cmd = [sys.executable, "-c", _WORKER, str(threads)]
+    if case_file is not None:
+        cmd.append(str(pathlib.Path(case_file).resolve()))
+    proc = subprocess.Popen(cmd, cwd=path,
                             env={"PYTHONPATH": str(path), "OMP_NUM_THREADS": str(threads),
                                  "PATH": "/usr/bin:/bin"},
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -108,25 +130,39 @@ def _time(proc: subprocess.Popen, case: str) -> float:
     return float(proc.stdout.readline())
 
 
+def _units(cases: list[str], pairs: list[list[str]]) -> list[tuple[str, ...]]:
+    """The timing units: each (ours, peer) pair timed back to back, the other cases alone."""
+    pairs = [pr for pr in pairs if pr[0] in cases and pr[1] in cases]
+    paired = {c for pr in pairs for c in pr[:2]}
+    return [tuple(pr[:2]) for pr in pairs] + [(c,) for c in cases if c not in paired]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("before", help="git revision of the baseline")
     p.add_argument("after", nargs="?", default=None, help="git revision (default: working tree)")
     p.add_argument("--repeat", type=int, default=15, help="timed calls per case and revision")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--cases", default=None, metavar="FILE",
+                   help="a Python file defining CASES (name -> callable) and optionally PAIRS "
+                        "([ours, peer, target], ...), run by each worker against its revision "
+                        "(default: the built-in hot paths); e.g. bench/regime_cases.py")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         paths = [_worktree(args.before, pathlib.Path(tmp))]
         paths.append(ROOT if args.after is None else _worktree(args.after, pathlib.Path(tmp)))
         try:
-            workers = [_start(path, args.threads) for path in paths]
-            cases = [c for c in workers[0][1] if c in workers[1][1]]
+            workers = [_start(path, args.threads, args.cases) for path in paths]
+            cases = [c for c in workers[0][1]["cases"] if c in workers[1][1]["cases"]]
+            pairs = [pr for pr in workers[1][1]["pairs"] if pr[0] in cases and pr[1] in cases]
+            units = _units(cases, pairs)
             times: dict[str, list[list[float]]] = {c: [[], []] for c in cases}
             for r in range(args.repeat):
-                for case in cases:
+                for unit in units:
                     order = (0, 1) if r % 2 == 0 else (1, 0)     # ABBA: neither goes first
                     for i in order:
-                        times[case][i].append(_time(workers[i][0], case))
+                        for case in (unit if r % 2 == 0 else unit[::-1]):
+                            times[case][i].append(_time(workers[i][0], case))
             for proc, _ in workers:
                 proc.kill()
         finally:
@@ -142,6 +178,14 @@ def main(argv: list[str] | None = None) -> None:
     for case, (a, b) in times.items():
         ma, mb = statistics.median(a), statistics.median(b)
         print(f"| {case} | {ma:.3g} | {mb:.3g} | {mb / ma:.2f} |")
+    if pairs:
+        # each revision's ratio to the peer timed next to it in the same worker
+        print(f"\n| ours | peer | ours/peer at {args.before} | ours/peer at {after} | target |")
+        print("|---|---|---|---|---|")
+        for ours, peer, target in pairs:
+            rb, ra = (statistics.median(o / q for o, q in zip(times[ours][i], times[peer][i]))
+                      for i in (0, 1))
+            print(f"| {ours} | {peer} | {rb:.3g} | {ra:.3g} | {target} |")
 
 
 if __name__ == "__main__":
