@@ -27,10 +27,13 @@ two such products. Each is computed one of two ways (:func:`_kernel`):
 
 Measured on CPU (256 × 1024 positions, k = 10, one thread): the shift kernel is 2.5–5× faster
 than the windows at the widest levels, 2–3× faster than the depthwise ``conv1d`` of the former
-row-major layout there, and the windows win below about 2^15 entries per operand, where the
-per-op cost of m ops dominates (with the threshold on entries per count row instead, large k
-ran the windows on m_out·m-entry temporaries: 4.5× slower at k = 80). The first term of a product writes its output (no zero-fill
-pass).
+row-major layout there, and the windows win on the smallest levels, where the per-op cost of m
+ops dominates (with the threshold on entries per count row instead, large k ran the windows on
+m_out·m-entry temporaries: 4.5× slower at k = 80). The crossover is machine-dependent: 2^15
+entries per operand on the machine of the rewrite; on another (slower memory, costlier page
+faults) 2^14 was 2–20 % faster than 2^15 from 16 × 4000 to 256 × 1000 at k = 10 and 40, on one
+and two threads, level at k = 80 and within 3 % at 32 × 128 (in-process interleaved runs). The
+first term of a product writes its output (no zero-fill pass).
 
 Backward leaves: μ is unchanged when a leaf [1 − p_i, p_i] is scaled, so along ḡ the leaf
 [1 − p_i, p_i e^{ε ḡ_i}] (a rescaled [1 − p_i(ε), p_i(ε)], p_i(ε) = σ(y_i + εḡ_i − ν)) gives the
@@ -50,7 +53,7 @@ from perturb._validation import traced
 _CERTAIN = 40.0
 
 #: operand entries from which the CPU uses the shift kernel (measured; module docstring)
-_SHIFT_MIN = 1 << 15
+_SHIFT_MIN = 1 << 14
 
 
 # --------------------------------------------------------------------------------------------
