@@ -9,6 +9,9 @@ Each worker of :mod:`bench.compare_revisions` runs this file against its own rev
 and after, the peer timed back to back with ours in the same process. ``PAIRS`` lists
 (ours, peer, target). Not here: the box trainer against the box-embeddings loop (WordNet and
 seconds per epoch; ``python -m bench --only boxes``) and the CUDA rows.
+
+Self-contained on purpose (its small helpers repeat ``bench_trees``'s): a worker's ``bench``
+package is that of its revision, whose modules may import private names the revision lacks.
 """
 import pathlib
 import sys
