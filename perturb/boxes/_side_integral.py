@@ -111,7 +111,7 @@ def log_side(lo: torch.Tensor, up: torch.Tensor, x: torch.Tensor, log_w: torch.T
     On the CPU the sides go through in blocks of about ``_BLOCK`` node terms, so that each
     block's temporaries (the ``m·K`` differences, their ``log F``, the hazards of the backward)
     stay in the core's cache: a fifth to a third of the Normal training step
-    (bench/results/perturbed_boxes.md). One block elsewhere (and for small batches)."""
+    (bench/RESULTS.md, section perturbed_boxes). One block elsewhere (and for small batches)."""
     batch, (m, k) = x.shape[:-1], (lo.shape[0], x.shape[-1])
     rows = x[..., 0].numel()
     step = max(1, _BLOCK // (m * k)) if x.device.type == "cpu" else rows

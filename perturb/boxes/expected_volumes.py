@@ -60,7 +60,7 @@ of ``log_ndtr``) and the last pass in cache-sized blocks on the CPU. That, not t
 forms, is what a training step with Normal boxes costs over the Gumbel closed form: a median
 0.26 s (2.3× faster than the 0.60 s of log_ndtr with a locating pass on every side, same
 interleaved runs on a loaded shared machine) against about 5 ms for Gumbel boxes
-(bench/results/perturbed_boxes.md). Logistic pair scores take the two-box closed form (a
+(bench/RESULTS.md, section perturbed_boxes). Logistic pair scores take the two-box closed form (a
 training step 20–30× faster than by quadrature); three or more Logistic boxes the
 quadrature (200–250 nodes per side).
 """
