@@ -6,11 +6,10 @@ Each revision is checked out into a temporary git worktree and imported by its o
 process (two versions of ``perturb`` cannot share one interpreter). The driver asks the two
 workers in turn (A, B, B, A, ...) to time one call of each case, so that load on the machine falls
 on both alike, and prints the medians and their ratio AFTER / BEFORE as a Markdown table.
-``AFTER`` defaults to the working tree. The cases call only public functions whose signatures
-have not changed since the library's first release of each family, with fixed seeds.
-
-``--cases FILE`` replaces the built-in cases by a Python file that each worker runs against its
-own revision; it defines ``CASES`` and may define ``PAIRS``, ``[ours, peer, target]`` triples
+``AFTER`` defaults to the working tree. The cases come from a Python file that each worker runs
+against its own revision (``--cases FILE``; default ``bench/hot_cases.py``, the hot paths through
+public functions whose signatures have not changed since each family's first release, with
+fixed seeds). It defines ``CASES`` and may define ``PAIRS``, ``[ours, peer, target]`` triples
 whose two cases are then timed back to back, so that each revision's ratio to the peer comes
 from one process and one run (``bench/regime_cases.py``: issue 29's regimes and their peers).
 """
@@ -26,63 +25,14 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-# The worker: builds every case once, then times one call per request ("name" on stdin ->
-# milliseconds on stdout). Forward and backward where the case trains through the result.
+# The worker: runs a case file against its revision, then times one call per request ("name"
+# on stdin -> milliseconds on stdout).
 _WORKER = r'''
 import gc, json, sys, time
 import torch
 torch.set_num_threads(int(sys.argv[1]))
 torch.set_flush_denormal(True)
-import perturb
-from perturb import structured as st
-from perturb.boxes import Box, log_containment_prob
-
-def g(seed):
-    return torch.Generator().manual_seed(seed)
-
-def fwd_bwd(make, x):
-    def run():
-        x.grad = None
-        y = make(x)
-        y.backward(torch.ones_like(y))
-    return run
-
-w1 = torch.randn(256, 1000, generator=g(0)).requires_grad_()
-perm = torch.randn(32, 128, 128, generator=g(1))
-perm64 = torch.randn(8, 64, 64, generator=g(2), dtype=torch.float64).requires_grad_()
-arb = torch.randn(16, 64, 64, generator=g(3), dtype=torch.float64).requires_grad_()
-span = torch.randn(16, 64, 64, generator=g(4), dtype=torch.float64)
-span = (span + span.transpose(-1, -2)).requires_grad_()
-lo = torch.rand(2816, 10, generator=g(5))
-side = 0.1 + 0.4 * torch.rand(2816, 10, generator=g(6))
-corners = torch.cat([lo, lo + side], -1).requires_grad_()
-ent = perturb.ExpFamilyEntropy()
-
-def boxes(x):
-    a = Box(x[:1408, :10], x[:1408, 10:])
-    b = Box(x[1408:, :10], x[1408:, 10:])
-    return log_containment_prob(a, b, beta=0.1).sum()
-
-if len(sys.argv) > 2:           # a case file: defines CASES (and PAIRS)
-    exec(compile(open(sys.argv[2]).read(), sys.argv[2], 'exec'))
-else:
-    CASES = {
-        "relax Simplex Gumbel 256x1000 f32 fwd+bwd":
-            fwd_bwd(lambda x: perturb.relax(x, perturb.Simplex(), perturb.Gumbel(), tau=0.5,
-                                            generator=g(7)), w1),
-        "relaxed_topk Entropy 256x1000 k=10 f32 fwd+bwd":
-            fwd_bwd(lambda x: st.relaxed_topk(x, 10), w1),
-        "relaxed_topk ExpFamilyEntropy 256x1000 k=10 f32 fwd+bwd":
-            fwd_bwd(lambda x: st.relaxed_topk(x, 10, regularizer=ent), w1),
-        "sinkhorn 32x128x128 f32 tau=0.2 fwd": lambda: st.sinkhorn(perm, tau=0.2),
-        "sinkhorn 8x64x64 f64 tau=0.2 fwd+bwd":
-            fwd_bwd(lambda x: st.sinkhorn(x, tau=0.2), perm64),
-        "arborescence_marginals 16x64x64 f64 fwd+bwd":
-            fwd_bwd(lambda x: st.arborescence_marginals(x), arb),
-        "spanning_tree_marginals 16x64x64 f64 fwd+bwd":
-            fwd_bwd(lambda x: st.spanning_tree_marginals(x), span),
-        "Gumbel box log P(b in a) 1408 pairs d=10 f32 fwd+bwd": fwd_bwd(boxes, corners),
-    }
+exec(compile(open(sys.argv[2]).read(), sys.argv[2], 'exec'))    # defines CASES (and PAIRS)
 for fn in CASES.values():          # warm-up (allocator, lazy imports, first-call paths)
     fn(); fn()
 print(json.dumps({"cases": list(CASES), "pairs": globals().get("PAIRS", [])}), flush=True)
@@ -108,13 +58,11 @@ def _worktree(rev: str, tmp: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def _start(path: pathlib.Path, threads: int, case_file: str | None
+def _start(path: pathlib.Path, threads: int, case_file: str
            ) -> tuple[subprocess.Popen, dict]:
-    """A worker importing ``perturb`` from ``path``; returns it and its ``{"cases": [...],
-    "pairs": [[ours, peer, target], ...]}``."""
-    cmd = [sys.executable, "-c", _WORKER, str(threads)]
-    if case_file is not None:
-        cmd.append(str(pathlib.Path(case_file).resolve()))
+    """A worker importing ``perturb`` from ``path`` and running ``case_file``; returns it and
+    its ``{"cases": [...], "pairs": [[ours, peer, target], ...]}``."""
+    cmd = [sys.executable, "-c", _WORKER, str(threads), str(pathlib.Path(case_file).resolve())]
     proc = subprocess.Popen(cmd, cwd=path,
                             env={"PYTHONPATH": str(path), "OMP_NUM_THREADS": str(threads),
                                  "PATH": "/usr/bin:/bin"},
@@ -131,8 +79,8 @@ def _time(proc: subprocess.Popen, case: str) -> float:
 
 
 def _units(cases: list[str], pairs: list[list[str]]) -> list[tuple[str, ...]]:
-    """The timing units: each (ours, peer) pair timed back to back, the other cases alone."""
-    pairs = [pr for pr in pairs if pr[0] in cases and pr[1] in cases]
+    """The timing units: each (ours, peer) pair timed back to back, the other cases alone
+    (``pairs`` name cases of ``cases`` only)."""
     paired = {c for pr in pairs for c in pr[:2]}
     return [tuple(pr[:2]) for pr in pairs] + [(c,) for c in cases if c not in paired]
 
@@ -143,10 +91,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("after", nargs="?", default=None, help="git revision (default: working tree)")
     p.add_argument("--repeat", type=int, default=15, help="timed calls per case and revision")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--cases", default=None, metavar="FILE",
+    p.add_argument("--cases", default=str(ROOT / "bench" / "hot_cases.py"), metavar="FILE",
                    help="a Python file defining CASES (name -> callable) and optionally PAIRS "
                         "([ours, peer, target], ...), run by each worker against its revision "
-                        "(default: the built-in hot paths); e.g. bench/regime_cases.py")
+                        "(default: bench/hot_cases.py); e.g. bench/regime_cases.py")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         paths = [_worktree(args.before, pathlib.Path(tmp))]
