@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from bench._timing import count_ops, count_syncs, device, row, time_interleaved, time_ms
+from bench._timing import count_ops, count_syncs, device, gc_paused, row, time_interleaved, time_ms
 from perturb._validation import set_validation
 from perturb.boxes import Box, intersection, volume
 
@@ -156,15 +156,17 @@ def _floor_scorer(model):
 
 def _cpu_step_ms(fns: dict, batches: list, skip: int = 10) -> dict[str, float]:
     """Median CPU time (``time.thread_time``) of one step of each function, called in
-    alternation on the same batches (order reversed every other batch). On a shared machine
+    alternation on the same batches (order reversed every other batch; no garbage
+    collection inside the loop). On a shared machine
     CPU time is much steadier than wall time, which counts the waits for a core."""
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for i, b in enumerate(batches):
-        for k in (list(fns) if i % 2 == 0 else list(fns)[::-1]):
-            t0 = time.thread_time()
-            fns[k](b)
-            if i >= skip:
-                times[k].append(time.thread_time() - t0)
+    with gc_paused():
+        for i, b in enumerate(batches):
+            for k in (list(fns) if i % 2 == 0 else list(fns)[::-1]):
+                t0 = time.thread_time()
+                fns[k](b)
+                if i >= skip:
+                    times[k].append(time.thread_time() - t0)
     return {k: 1e3 * statistics.median(v) for k, v in times.items()}
 
 

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from bench._timing import count_ops, device, row, time_interleaved, time_ms
+from bench._timing import count_ops, device, gc_paused, row, time_interleaved, time_ms
 from perturb.structured import arborescence_marginals, sample_spanning_tree
 from perturb.structured.trees import _matrix_tree as _mt
 
@@ -62,32 +62,39 @@ def _fwd_bwd(fn, x, c):
     return go
 
 
+def _abba(fo, fp, clocks):
+    """One ABBA block: ([ours wall, ours CPU], [peer wall, peer CPU]), two calls each."""
+    t0 = [c() for c in clocks]
+    fo()
+    t1 = [c() for c in clocks]
+    fp()
+    t2 = [c() for c in clocks]
+    fp()
+    t3 = [c() for c in clocks]
+    fo()
+    t4 = [c() for c in clocks]
+    return ([(t1[k] - t0[k]) + (t4[k] - t3[k]) for k in (0, 1)],
+            [(t2[k] - t1[k]) + (t3[k] - t2[k]) for k in (0, 1)])
+
+
 def _paired(fo, fp, repeat: int, warmup: int = 2) -> tuple[float, float, float, float]:
     """Interleaved timing of ours and the peer in ABBA blocks (ours, peer, peer, ours):
     (median ours ms, median peer ms, median of the per-block ratios of wall time, the same of
     thread CPU time). Alternating the two in one loop makes load from other processes on a
     shared machine hit both alike, and the mirrored order cancels the advantage of running
     first in a pair (measured at up to 1.4x here: the allocator and caches favour whichever
-    call follows the timer). The CPU-time ratio (``time.thread_time``: both libraries run on
-    this one thread) leaves out the time the thread waits for a core, which dominates wall
-    time when the machine is oversubscribed; page faults and cache misses still count."""
+    call follows the timer); no garbage collection inside the loop. The CPU-time ratio
+    (``time.thread_time``: both libraries run on this one thread) leaves out the time the
+    thread waits for a core, which dominates wall time when the machine is oversubscribed;
+    page faults and cache misses still count."""
     for _ in range(warmup):
         fo()
         fp()
     to, tp, ratios, cpu_ratios = [], [], [], []
     clocks = (time.perf_counter, time.thread_time)
-    for _ in range(repeat):
-        t0 = [c() for c in clocks]
-        fo()
-        t1 = [c() for c in clocks]
-        fp()
-        t2 = [c() for c in clocks]
-        fp()
-        t3 = [c() for c in clocks]
-        fo()
-        t4 = [c() for c in clocks]
-        a, b = [(t1[k] - t0[k]) + (t4[k] - t3[k]) for k in (0, 1)], \
-            [(t2[k] - t1[k]) + (t3[k] - t2[k]) for k in (0, 1)]
+    with gc_paused():
+        blocks = [_abba(fo, fp, clocks) for _ in range(repeat)]
+    for a, b in blocks:
         to.append(a[0] / 2 * 1e3)
         tp.append(b[0] / 2 * 1e3)
         ratios.append(a[0] / b[0])
